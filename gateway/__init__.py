@@ -1,0 +1,1 @@
+"""HTTP gateway (FastAPI). Installed as lookupspec.gateway."""

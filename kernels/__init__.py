@@ -1,0 +1,1 @@
+"""Verification kernels (Triton) with torch twins and a dispatcher. Installed as lookupspec.kernels."""

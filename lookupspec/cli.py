@@ -1,0 +1,67 @@
+"""`lookupspec` command line: serve | generate | pull | bench | bench-index | bench-kernels | ...
+
+Each sub-command lives in its own module that exposes ``configure(parser)`` and ``run(args) -> int``;
+this file only wires them up, importing a module when its command is chosen (so ``--help`` and
+``pull`` stay quick and never import torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+# name -> (module, one-line help). The module's docstring first paragraph is the long description.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("lookupspec.commands.serve", "start the HTTP gateway (OpenAI-compatible API)"),
+    "generate": ("lookupspec.commands.generate", "generate text for one prompt, streamed to the terminal"),
+    "pull": ("lookupspec.commands.pull", "fetch and convert a named default model into the local cache"),
+    "bench": ("lookupspec.benchmarks.engine", "end-to-end decode benchmark against Hugging Face peers"),
+    "bench-index": ("lookupspec.benchmarks.index", "lookup-store latency, build speed and memory benchmark"),
+    "bench-kernels": ("lookupspec.benchmarks.kernels", "fused verification kernels vs torch twins (CUDA)"),
+}
+
+
+def _load(module: str):  # noqa: ANN202 - a module object
+    return importlib.import_module(module)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lookupspec",
+        description="Speculative decoding with lookup drafts: exact target-model output, faster.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        if command == name:
+            mod = _load(module)
+            doc = (mod.__doc__ or help_text).strip().split("\n\n")[0]
+            p = sub.add_parser(name, help=help_text, description=doc,
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+            mod.configure(p)
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
+    args = parser.parse_args(args_list)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    mod = _load(COMMANDS[args.command][0])
+    try:
+        return int(mod.run(args) or 0)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

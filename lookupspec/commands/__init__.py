@@ -1,0 +1,1 @@
+"""One module per `lookupspec` sub-command: configure(parser) and run(args)."""

@@ -1,0 +1,1 @@
+"""Drafters (context, corpus, output lookups; draft model) and the composer."""

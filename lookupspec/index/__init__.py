@@ -1,0 +1,1 @@
+"""Token stores: suffix/n-gram structures and continuation statistics (numba)."""
