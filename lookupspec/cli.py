@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _load(module: str):  # noqa: ANN202 - a module object
+def _load(module: str):
     return importlib.import_module(module)
 
 

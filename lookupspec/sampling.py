@@ -19,7 +19,7 @@ three nested rounds so that neighbouring seeds, positions and tokens give unrela
     u                   = ((bits >> 8) + 0.5) / 2**24          # in (0, 1), exact in float32
     g                   = -log(-log(u))
 
-Worked example: ``hash32(0) == 0``; ``hash32(1) == 0x4A8BBC68`` (kept as a regression check in the
+Worked example: ``hash32(0) == 0``; ``hash32(1) == 0x688990C0`` (kept as a regression check in the
 tests). Top-p keeps token ``i`` iff the probability mass of tokens *strictly more likely* than ``i``
 is below ``top_p``: the smallest nucleus with mass >= top_p, with every token tied at its boundary
 kept (a sort-free rule that a kernel can evaluate exactly; it differs from a sort-based nucleus only
@@ -157,3 +157,73 @@ def select_tokens(logits: torch.Tensor, params: SamplingParams, positions: torch
         raise ValueError("sampling needs a concrete seed: call SamplingParams.with_seed() first")
     scores = process_logits(logits, params)
     return torch.argmax(scores + gumbel_noise(params.seed, positions, scores.shape[-1]), dim=-1)
+
+
+# --- Noise streams for rejection sampling and draft sampling --------------------------------------
+# (Added with verify.py and the Triton kernels; nothing above changes.)
+#
+# Stream 0 is the sample-and-match Gumbel noise above (``position_keys`` / ``gumbel_noise``). The
+# other streams re-key the same (seed, position) so that rejection sampling's acceptance uniforms, its
+# recovery draws and a draft model's own sampling are independent of stream 0 and of each other:
+#
+#     base_s(seed)   = hash32(hash32(fold(seed) ^ 0x9E3779B9) ^ s)       # s > 0
+#     key_s(seed, p) = hash32(base_s ^ (p mod 2**32))
+#     bits           = hash32(key_s ^ (t * 0x85EBCA6B mod 2**32))       # t = token (0 for a scalar)
+#     u              = ((bits >> 9) + 0.5) / 2**23                     # in (0, 1), exact in float32
+#
+# These streams keep 23 bits so that ``k + 0.5`` is exact in float32 and ``u`` never rounds to 1.
+# (Stream 0 keeps 24 bits: for ``bits >> 8 == 2**24 - 1`` its ``u`` rounds to exactly 1.0 and the
+# Gumbel noise is +inf; the kernels reproduce that bit for bit, see kernels/verify_triton.py.)
+
+STREAM_ACCEPT = 1  # one uniform per position: accept a sampled draft token iff u * q(x) <= p(x)
+STREAM_RECOVER = 2  # Exp(1) per (position, token): the recovered token's exponential race
+STREAM_DRAFT = 3  # Exp(1) per (position, token): for a draft model sampling its own chain
+
+__all__ += [  # appended so that the block above stays untouched
+    "STREAM_ACCEPT",
+    "STREAM_DRAFT",
+    "STREAM_RECOVER",
+    "accept_uniforms",
+    "exponential_from_keys",
+    "gumbel_from_keys",
+    "stream_keys",
+]
+
+
+def stream_keys(seeds: torch.Tensor, positions: torch.Tensor, stream: int = 0) -> torch.Tensor:
+    """Per-row stream keys, one seed per row. seeds: [n] int64 >= 0; positions: [n] int64 absolute
+    positions -> [n] int64 in [0, 2**32). Stream 0 equals :func:`position_keys` row by row."""
+    if seeds.shape != positions.shape or seeds.dim() != 1:
+        raise ValueError(f"seeds and positions must both be [n], got {tuple(seeds.shape)}, "
+                         f"{tuple(positions.shape)}")
+    seeds = seeds.to(torch.int64)
+    base = hash32(((seeds ^ (seeds >> 32)) & _M32) ^ _GOLDEN)
+    if stream:
+        base = hash32(base ^ stream)
+    return hash32(positions.to(torch.int64) ^ base)
+
+
+def gumbel_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Stream-0 Gumbel noise from per-row keys: keys [n] -> [n, vocab] float32. The same arithmetic as
+    :func:`gumbel_noise`, so ``gumbel_from_keys(stream_keys(s, p), V) == gumbel_noise(seed, p, V)``."""
+    tokens = (torch.arange(vocab_size, device=keys.device, dtype=torch.int64) * _TOKEN_MUL) & _M32
+    bits = hash32(keys[:, None] ^ tokens[None, :])  # [n, vocab]
+    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return -torch.log(-torch.log(u))
+
+
+def _uniform23(bits: torch.Tensor) -> torch.Tensor:
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
+
+def accept_uniforms(keys: torch.Tensor) -> torch.Tensor:
+    """One uniform in (0, 1) per row (token 0 of the row's stream). keys: [n] -> [n] float32."""
+    return _uniform23(hash32(keys))
+
+
+def exponential_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Exp(1) noise per (row, token) for exponential races: ``argmax(w / E)`` picks token ``j`` with
+    probability ``w_j / sum(w)``. keys: [n] -> [n, vocab] float32, finite and > 0."""
+    tokens = (torch.arange(vocab_size, device=keys.device, dtype=torch.int64) * _TOKEN_MUL) & _M32
+    bits = hash32(keys[:, None] ^ tokens[None, :])  # [n, vocab]
+    return -torch.log(_uniform23(bits))

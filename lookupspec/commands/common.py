@@ -1,0 +1,24 @@
+"""Options shared by the commands that load a model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from lookupspec.models import DEFAULT_MODEL, DTYPES
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=os.environ.get("LOOKUPSPEC_MODEL", DEFAULT_MODEL),
+                        help="named model, Hugging Face directory or .gguf file [env LOOKUPSPEC_MODEL]")
+    parser.add_argument("--dtype", default=os.environ.get("LOOKUPSPEC_DTYPE", "float32"), choices=DTYPES,
+                        help="weights and compute dtype [env LOOKUPSPEC_DTYPE]")
+    parser.add_argument("--device", default=os.environ.get("LOOKUPSPEC_DEVICE", "cpu"),
+                        help="cpu or cuda[:N] [env LOOKUPSPEC_DEVICE]")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value

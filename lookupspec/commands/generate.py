@@ -1,0 +1,48 @@
+"""Generate text for one prompt and stream it to the terminal as it is produced.
+
+Greedy by default; --temperature > 0 samples (reproducibly with --seed). --chat renders the prompt
+as a user message with the model's chat template."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lookupspec.commands.common import add_model_arguments, positive_int
+from lookupspec.models import ModelLoadError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="prompt text ('-' reads it from standard input)")
+    add_model_arguments(parser)
+    parser.add_argument("--max-tokens", type=positive_int, default=256, help="maximum new tokens")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely (0 = off)")
+    parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+
+
+def run(args: argparse.Namespace) -> int:
+    from lookupspec.text import TextEngine
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    try:
+        te = TextEngine.load(args.model, dtype=args.dtype, device=args.device, auto_pull=True,
+                             log=lambda m: print(m, file=sys.stderr))
+        params = te.params(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                           top_k=args.top_k, seed=args.seed)
+        ids = te.encode_prompt(messages=[{"role": "user", "content": prompt}]) if args.chat \
+            else te.encode_prompt(prompt=prompt)
+    except (ModelLoadError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finish = None
+    for chunk in te.stream_ids(ids, params, args.stop):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        finish = chunk.finish_reason or finish
+    sys.stdout.write("\n")
+    print(f"[finish_reason: {finish}]", file=sys.stderr)
+    return 0

