@@ -12,14 +12,16 @@ noise for sampling, so a seeded request is reproducible bit for bit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lookupspec.params import GenerationParams
+from lookupspec.params import GenerationParams, SpecParams
 from lookupspec.sampling import select_tokens
+from lookupspec.stats import RequestStats
 
 __all__ = ["Engine", "StepOutput", "finish_tokens"]
 
@@ -27,10 +29,15 @@ __all__ = ["Engine", "StepOutput", "finish_tokens"]
 @dataclass(frozen=True)
 class StepOutput:
     """Tokens one step emitted. ``finish_reason`` is set on the last step: ``stop`` (EOS or a stop
-    token id, which is included in ``tokens``) or ``length`` (max_tokens or the context window)."""
+    token id, which is included in ``tokens``) or ``length`` (max_tokens or the context window).
+    ``draft_tokens`` / ``accepted_tokens`` describe this step's speculation (0 for a plain step);
+    ``stats`` is the request's running :class:`RequestStats` (the same object every step)."""
 
     tokens: tuple[int, ...]
     finish_reason: str | None = None
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    stats: RequestStats | None = None
 
 
 def finish_tokens(
@@ -89,13 +96,17 @@ class Engine:
         return ids
 
     def generate(
-        self, prompt_ids: Sequence[int], params: GenerationParams
+        self, prompt_ids: Sequence[int], params: GenerationParams, spec: SpecParams | None = None
     ) -> Generator[StepOutput, None, None]:
-        """Yield one :class:`StepOutput` per forward until EOS/stop id, max_tokens or the window."""
+        """Yield one :class:`StepOutput` per forward until EOS/stop id, max_tokens or the window.
+        ``spec`` is accepted for the speculative engine's signature; this loop is always plain."""
         ids = self._check_prompt(prompt_ids)
         sampling = params.sampling if params.sampling.greedy else params.sampling.with_seed()
+        stats = RequestStats()
         cache = self.new_cache()
+        t0 = time.perf_counter()
         logits = self._forward(ids[None, :], cache)
+        stats.prefill_s = time.perf_counter() - t0
         length = ids.shape[0]  # tokens in the cache + 1 pending: position of the next token
         generated = 0
         while True:
@@ -104,8 +115,11 @@ class Engine:
             token = int(select_tokens(logits, sampling, position).item())
             kept, reason = finish_tokens([token], generated, params, self.context_window - length)
             generated += len(kept)
-            yield StepOutput(tuple(kept), reason)
             if reason is not None:
+                yield StepOutput(tuple(kept), reason, stats=stats)
                 return
+            yield StepOutput(tuple(kept), None, stats=stats)
+            t0 = time.perf_counter()
             logits = self._forward(torch.tensor([[token]], dtype=torch.long, device=self.device), cache)
+            stats.observe(draft=0, accepted=0, emitted=1, verify_s=time.perf_counter() - t0)
             length += 1

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from lookupspec.sampling import SamplingParams
 
-__all__ = ["GenerationParams"]
+__all__ = ["ALL_SOURCES", "LOOKUP_SOURCES", "GenerationParams", "SpecParams"]
 
 
 @dataclass(frozen=True)
@@ -37,3 +37,31 @@ class GenerationParams:
         if not self.ignore_eos:
             ids.update(self.eos_token_ids)
         return frozenset(ids)
+
+
+LOOKUP_SOURCES = ("context", "corpus", "output")
+ALL_SOURCES = (*LOOKUP_SOURCES, "draft_model")
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    """Per-request speculation control.
+
+    ``enabled`` False is plain decoding. ``max_draft_tokens`` caps the draft tree's node count per
+    step (the cost model may choose fewer, down to 0). ``sources`` names the drafters this request may
+    use; ``collections`` the document collections the corpus drafter reads; ``tree`` False restricts
+    drafts to a single chain.
+    """
+
+    enabled: bool = True
+    max_draft_tokens: int = 32
+    sources: tuple[str, ...] = ALL_SOURCES
+    collections: tuple[str, ...] = ()
+    tree: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_draft_tokens <= 256:
+            raise ValueError(f"max_draft_tokens must be in [0, 256], got {self.max_draft_tokens}")
+        unknown = set(self.sources) - set(ALL_SOURCES)
+        if unknown:
+            raise ValueError(f"unknown lookup sources {sorted(unknown)}; known: {', '.join(ALL_SOURCES)}")
