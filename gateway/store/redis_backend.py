@@ -1,0 +1,397 @@
+"""Redis backend: Redis streams as the log every replica shares.
+
+Keys (``key_prefix`` default ``lookupspec:``)::
+
+    {prefix}{log}:documents   add/delete document, delete collection; uncapped by default
+    {prefix}{log}:outputs     append output; capped at ``stream_maxlen`` (approximate MAXLEN ~)
+
+(The ``{log}`` hash tag keeps both streams in one cluster slot, so one XREAD can follow both.)
+Documents and outputs are separate streams because they need different caps: trimming the documents
+stream would silently remove documents from every replica that starts later, while outputs are a
+cache whose oldest entries may go.
+
+Each entry holds the whole encoded record (one binary field ``r``; ``records.py`` encoding, token ids
+as raw int32 bytes) rather than a key to a separate payload. One XADD is then atomic: no entry can
+point at a payload that was never written or already expired, trimming the stream frees its
+payloads with it, and replay is one XRANGE page per round trip instead of one extra GET per record.
+Documents are bounded by the API's size limits, far below Redis's 512 MB value limit.
+
+Acknowledged means one of two things, told apart by ``AppendAck.buffered``:
+
+- written to Redis (XADD returned its entry id); durable as far as Redis's own persistence goes
+  (configure AOF if a Redis restart must not lose entries); or
+- Redis unreachable: accepted into this replica's bounded in-memory buffer, applied locally, and
+  written by a background thread once Redis returns (oldest first). Lost only if this process dies
+  before that.
+
+Lookups never wait on Redis, and neither do appends once an outage is known: only while the backend
+still believes Redis healthy does ``append`` send an XADD, bounded by ``socket_timeout``; its first
+failure flips the backend to degraded and from then on appends go straight to the buffer until the
+flusher has emptied it. When the buffer is full the *newest* record is rejected with
+``BufferFullError`` (counted as ``overflow``): every buffered record was already acknowledged to a
+client, so dropping the oldest would break a promise silently, while a rejected append is an honest
+error the caller can report or retry. (Batches in flight when Redis failed are buffered even past
+the limit: they may have reached Redis already, so they cannot be reported as rejected.)
+
+Every replica replays both streams at start-up (XRANGE in pages) and then follows them with blocking
+XREAD from a background thread, reconnecting with exponential backoff; after an outage the same XREAD
+cursor catches up on what other replicas wrote meanwhile. Records from all replicas, its own included,
+go to ``apply``; ``StoreState.apply`` dedupes by record id, so the effect is exactly once even though
+a retried XADD may leave a duplicate entry in the stream.
+
+Needs Redis >= 6.2 (exclusive XRANGE bounds). redis-py runs with its own retries off: this module
+retries with backoff off the request path instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .base import AppendAck, ApplyFn, BufferFullError, StoreClosedError
+from .records import AppendOutput, Record, RecordError, decode_record, encode_record
+
+__all__ = ["RedisConfig", "RedisLog"]
+
+log = logging.getLogger(__name__)
+
+_FIELD = b"r"
+_FLUSH_BATCH = 256
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    url: str
+    key_prefix: str = "lookupspec:"
+    stream_maxlen: int | None = 100_000  # cap of the outputs stream; None = uncapped
+    doc_stream_maxlen: int | None = None  # cap of the documents stream; capping it loses documents
+    buffer_limit: int = 10_000  # records held while Redis is unreachable
+    socket_timeout: float = 0.25  # seconds a request-path XADD may wait while Redis looks healthy
+    connect_timeout: float = 0.25
+    block_ms: int = 500  # XREAD BLOCK; also bounds how long stop() waits for the follower
+    page_size: int = 500  # entries per XRANGE / XREAD round trip
+    backoff_initial: float = 0.05  # reconnect backoff, doubled per failure up to backoff_max
+    backoff_max: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis url must start with redis://, rediss:// or unix://, got {self.url!r}")
+        if not self.key_prefix:
+            raise ValueError("key_prefix must not be empty")
+        for name in ("stream_maxlen", "doc_stream_maxlen"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be None or >= 1, got {value}")
+        if self.buffer_limit < 0:
+            raise ValueError(f"buffer_limit must be >= 0, got {self.buffer_limit}")
+        if self.socket_timeout <= 0 or self.connect_timeout <= 0:
+            raise ValueError("socket_timeout and connect_timeout must be > 0")
+        if self.block_ms < 1 or self.page_size < 1:
+            raise ValueError("block_ms and page_size must be >= 1")
+        if not 0 < self.backoff_initial <= self.backoff_max:
+            raise ValueError("need 0 < backoff_initial <= backoff_max")
+
+    @property
+    def documents_key(self) -> str:
+        return f"{self.key_prefix}{{log}}:documents"
+
+    @property
+    def outputs_key(self) -> str:
+        return f"{self.key_prefix}{{log}}:outputs"
+
+
+class RedisLog:
+    """See the module docstring. Thread-safe."""
+
+    def __init__(self, config: RedisConfig) -> None:
+        self.config = config
+        no_retry = Retry(NoBackoff(), 0)  # we retry ourselves, with backoff, off the request path
+        self._write_pool = redis.ConnectionPool.from_url(
+            config.url, socket_timeout=config.socket_timeout,
+            socket_connect_timeout=config.connect_timeout, retry=no_retry)
+        self._read_pool = redis.ConnectionPool.from_url(
+            config.url, socket_timeout=config.block_ms / 1000 + max(1.0, config.socket_timeout),
+            socket_connect_timeout=config.connect_timeout, retry=no_retry)
+        self._writer = redis.Redis(connection_pool=self._write_pool)
+        self._reader = redis.Redis(connection_pool=self._read_pool)
+        self._keys = (config.documents_key, config.outputs_key)
+        self._cursor = dict.fromkeys(self._keys, b"0-0")  # last entry id applied per stream
+
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # the flusher waits on it
+        # (stream key, MAXLEN cap, payload), oldest first
+        self._buffer: collections.deque[tuple[str, int | None, bytes]] = collections.deque()
+        self._write_ok = True  # optimistic until an XADD fails
+        self._read_ok = True
+        self._behind_since: float | None = time.monotonic()  # None once caught up with the streams
+        self._stop = threading.Event()
+        self._closed = False
+        self._follower: threading.Thread | None = None
+        self._flusher: threading.Thread | None = None
+
+        self.appended = 0  # acknowledged by Redis directly
+        self.buffered_total = 0  # acknowledged into the buffer
+        self.flushed = 0
+        self.overflow = 0
+        self.delivered = 0  # entries handed to apply (replay + follow, all replicas)
+        self.corrupt_records = 0
+        self.apply_errors = 0
+        self.outages = 0
+        self.last_error: str | None = None
+
+    # ---- appends ----------------------------------------------------------------------------
+
+    def _route(self, record: Record) -> tuple[str, int | None]:
+        if isinstance(record, AppendOutput):
+            return self.config.outputs_key, self.config.stream_maxlen
+        return self.config.documents_key, self.config.doc_stream_maxlen
+
+    def append(self, record: Record) -> AppendAck:
+        """Acknowledge the record (module docstring): XADD when Redis is believed healthy and no
+        older records wait in the buffer, else buffer it. Raises ``BufferFullError`` when the buffer
+        is full (the record is then not in the log)."""
+        return self.append_many([record])[0]
+
+    def append_many(self, records: Sequence[Record]) -> list[AppendAck]:
+        """Append a batch in one pipelined round trip, or buffer all of it. All or nothing: when the
+        buffer cannot take the whole batch, none of it is accepted (``BufferFullError``)."""
+        items = [(*self._route(record), encode_record(record)) for record in records]
+        with self._lock:
+            if self._closed:
+                raise StoreClosedError("the redis log is closed")
+            if not (self._write_ok and not self._buffer):
+                return self._enqueue(records, items)
+        try:
+            pipe = self._writer.pipeline(transaction=False)
+            for key, maxlen, payload in items:
+                pipe.xadd(key, {_FIELD: payload}, maxlen=maxlen, approximate=True)
+            entry_ids: Any = pipe.execute()
+        except redis.RedisError as exc:
+            # Some entries may have been written, so rejecting the batch now could leave a
+            # "failed" record in the log: it is buffered even past buffer_limit (the limit is
+            # exceeded by at most the batches in flight when Redis failed). Entries written twice
+            # are duplicates that apply ignores (same record id).
+            with self._lock:
+                self._write_failed(exc)
+                return self._enqueue(records, items, force=True)
+        with self._lock:
+            self.appended += len(records)
+        return [AppendAck(r.record_id, eid.decode()) for r, eid in zip(records, entry_ids, strict=True)]
+
+    def _enqueue(self, records: Sequence[Record], items: list[tuple[str, int | None, bytes]],
+                 force: bool = False) -> list[AppendAck]:
+        # caller holds self._lock
+        if not force and len(self._buffer) + len(items) > self.config.buffer_limit:
+            self.overflow += len(items)
+            raise BufferFullError(
+                f"redis unreachable and the append buffer is full ({len(self._buffer)} of "
+                f"{self.config.buffer_limit} records); {len(items)} record(s) rejected")
+        self._buffer.extend(items)
+        self.buffered_total += len(items)
+        self._ensure_flusher()
+        self._wake.notify()
+        return [AppendAck(r.record_id, None, buffered=True) for r in records]
+
+    def _write_failed(self, exc: Exception) -> None:
+        # caller holds self._lock
+        if self._write_ok:
+            self.outages += 1
+            log.warning("redis write failed, buffering appends: %s", exc)
+        self._write_ok = False
+        self.last_error = f"write: {type(exc).__name__}: {exc}"
+
+    def _ensure_flusher(self) -> None:
+        if self._flusher is None and not self._stop.is_set():
+            self._flusher = threading.Thread(target=self._flush_loop, name="store-redis-flush", daemon=True)
+            self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        backoff = self.config.backoff_initial
+        while not self._stop.is_set():
+            with self._lock:
+                while self._write_ok and not self._buffer and not self._stop.is_set():
+                    self._wake.wait()
+            if self._stop.is_set():
+                return
+            if self._flush_once():
+                backoff = self.config.backoff_initial
+            else:
+                self._stop.wait(backoff)
+                backoff = min(2 * backoff, self.config.backoff_max)
+
+    def _flush_once(self) -> bool:
+        """Write the oldest buffered records (or PING when none); True on success."""
+        with self._lock:
+            batch = list(itertools.islice(self._buffer, _FLUSH_BATCH))
+        try:
+            if batch:
+                pipe = self._writer.pipeline(transaction=False)
+                for key, maxlen, payload in batch:
+                    pipe.xadd(key, {_FIELD: payload}, maxlen=maxlen, approximate=True)
+                pipe.execute()
+            else:
+                self._writer.ping()
+        except redis.RedisError as exc:
+            # Some entries of the batch may have been written; resending them leaves duplicate
+            # entries, which apply ignores (same record id).
+            with self._lock:
+                self._write_failed(exc)
+            return False
+        with self._lock:
+            for _ in batch:  # appends only add on the right, so the batch is still the left end
+                self._buffer.popleft()
+            self.flushed += len(batch)
+            if not self._buffer and not self._write_ok:
+                self._write_ok = True
+                log.warning("redis writes recovered; %d buffered records flushed", self.flushed)
+        return True
+
+    # ---- replay and follow ------------------------------------------------------------------
+
+    def replay(self, apply: ApplyFn) -> int:
+        """XRANGE both streams in pages from the start. If Redis is unreachable, report degraded
+        and return what was read: the follower resumes from the same cursor when Redis returns."""
+        count = 0
+        try:
+            for key in self._keys:
+                start: bytes = b"-"
+                while True:
+                    entries: Any = self._reader.xrange(key, min=start, max="+", count=self.config.page_size)
+                    for entry_id, fields in entries:
+                        self._deliver(apply, key, entry_id, fields)
+                    count += len(entries)
+                    if len(entries) < self.config.page_size:
+                        break
+                    start = b"(" + self._cursor[key]
+        except redis.RedisError as exc:
+            self._read_failed(exc)
+            return count
+        with self._lock:
+            self._behind_since = None
+            self._read_ok = True
+        return count
+
+    def _deliver(self, apply: ApplyFn, key: str, entry_id: bytes, fields: Any) -> None:
+        self._cursor[key] = entry_id
+        try:
+            record = decode_record(fields.get(_FIELD, b""))
+        except RecordError as exc:
+            self.corrupt_records += 1
+            self.last_error = f"entry {entry_id.decode()} of {key} skipped: {exc}"
+            log.warning("store stream %s", self.last_error)
+            return
+        self.delivered += 1
+        try:
+            apply(record)
+        except Exception as exc:
+            # A bug in apply must not kill the follower; the cursor already moved past the entry,
+            # so one bad record cannot wedge the log.
+            self.apply_errors += 1
+            self.last_error = f"applying entry {entry_id.decode()} of {key} failed: {exc!r}"
+            log.exception("store stream: applying %s failed", entry_id.decode())
+
+    def _read_failed(self, exc: Exception) -> None:
+        with self._lock:
+            if self._read_ok:
+                self.outages += 1
+                log.warning("redis read failed, serving local state: %s", exc)
+            self._read_ok = False
+            if self._behind_since is None:
+                self._behind_since = time.monotonic()
+            self.last_error = f"read: {type(exc).__name__}: {exc}"
+
+    def start_following(self, apply: ApplyFn) -> None:
+        if self._follower is not None:
+            raise RuntimeError("already following")
+        self._follower = threading.Thread(target=self._follow_loop, args=(apply,),
+                                          name="store-redis-follow", daemon=True)
+        self._follower.start()
+
+    def _follow_loop(self, apply: ApplyFn) -> None:
+        backoff = self.config.backoff_initial
+        while not self._stop.is_set():
+            try:
+                streams: Any = dict(self._cursor)
+                resp: Any = self._reader.xread(streams, count=self.config.page_size,
+                                               block=self.config.block_ms)
+            except redis.RedisError as exc:
+                self._read_failed(exc)
+                self._stop.wait(backoff)
+                backoff = min(2 * backoff, self.config.backoff_max)
+                continue
+            backoff = self.config.backoff_initial
+            full = False
+            for key, entries in resp.items() if isinstance(resp, dict) else (resp or []):  # RESP3 / RESP2
+                key_str = key.decode() if isinstance(key, bytes) else key
+                for entry_id, fields in entries:
+                    self._deliver(apply, key_str, entry_id, fields)
+                full |= len(entries) >= self.config.page_size
+            with self._lock:
+                if not self._read_ok:
+                    log.warning("redis reads recovered")
+                self._read_ok = True
+                if full:  # more may be waiting: not caught up yet
+                    self._behind_since = self._behind_since or time.monotonic()
+                else:
+                    self._behind_since = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        with self._lock:
+            following = self._follower is not None and not self._stop.is_set()
+            ok = self._write_ok and not self._buffer and (self._read_ok or not following)
+            return {
+                "backend": "redis",
+                "state": "ok" if ok else "degraded",
+                "buffered": len(self._buffer),
+                "buffer_limit": self.config.buffer_limit,
+                "overflow": self.overflow,
+                "last_error": self.last_error,
+                # how long this replica may have been missing other replicas' writes
+                "lag_s": 0.0 if self._behind_since is None else time.monotonic() - self._behind_since,
+                "caught_up": self._behind_since is None,
+                "appended": self.appended,
+                "buffered_total": self.buffered_total,
+                "flushed": self.flushed,
+                "delivered": self.delivered,
+                "corrupt_records": self.corrupt_records,
+                "apply_errors": self.apply_errors,
+                "outages": self.outages,
+                "streams": list(self._keys),
+            }
+
+    def stop(self) -> None:
+        """Stop the follower and the flusher; still-buffered records stay buffered (see close)."""
+        self._stop.set()
+        with self._lock:
+            self._wake.notify_all()
+        timeout = self.config.block_ms / 1000 + self.config.socket_timeout + 2.0
+        for thread in (self._follower, self._flusher):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+
+    def close(self) -> None:
+        """Stop, make one last attempt to flush the buffer (bounded by socket_timeout), log what
+        could not be written, release connections. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.stop()
+        while self._buffer and self._flush_once():
+            pass
+        if self._buffer:
+            log.error("closing with %d buffered records that never reached redis", len(self._buffer))
+        self._write_pool.disconnect()
+        self._read_pool.disconnect()
