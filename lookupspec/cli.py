@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("lookupspec.benchmarks.engine", "end-to-end decode benchmark against Hugging Face peers"),
     "bench-index": ("lookupspec.benchmarks.index", "lookup-store latency, build speed and memory benchmark"),
     "bench-kernels": ("lookupspec.benchmarks.kernels", "fused verification kernels vs torch twins (CUDA)"),
+    "bench-gateway": ("lookupspec.benchmarks.gateway", "HTTP streaming vs in-process throughput and latency"),
 }
 
 

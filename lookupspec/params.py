@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from lookupspec.sampling import SamplingParams
 
-__all__ = ["ALL_SOURCES", "LOOKUP_SOURCES", "GenerationParams", "SpecParams"]
+__all__ = ["ALL_SOURCES", "LOOKUP_SOURCES", "GenerationParams", "LookupScope", "SpecParams"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +66,15 @@ class SpecParams:
         unknown = set(self.sources) - set(ALL_SOURCES)
         if unknown:
             raise ValueError(f"unknown lookup sources {sorted(unknown)}; known: {', '.join(ALL_SOURCES)}")
+
+
+@dataclass(frozen=True)
+class LookupScope:
+    """Where one request may draft from (besides its own context): the token stores of the request's
+    document collections (plus a throw-away store holding its inline documents) and its namespace's
+    output store. The stores are ``lookupspec.index`` objects; the gateway or the caller owns them and
+    keeps them up to date, the engine only reads them. A namespace's scope never holds another
+    namespace's stores: that is how isolation is enforced."""
+
+    corpora: tuple[Any, ...] = ()  # lookupspec.index.CorpusStore
+    output: Any | None = None  # lookupspec.index.OutputStore
