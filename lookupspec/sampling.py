@@ -16,7 +16,7 @@ three nested rounds so that neighbouring seeds, positions and tokens give unrela
 
     key(seed, pos)      = hash32(hash32(fold(seed) ^ 0x9E3779B9) ^ (pos mod 2**32))
     bits(seed, pos, t)  = hash32(key ^ (t * 0x85EBCA6B mod 2**32))
-    u                   = ((bits >> 8) + 0.5) / 2**24          # in (0, 1), exact in float32
+    u                   = ((bits >> 9) + 0.5) / 2**23          # in (0, 1), exact in float32
     g                   = -log(-log(u))
 
 Worked example: ``hash32(0) == 0``; ``hash32(1) == 0x688990C0`` (kept as a regression check in the
@@ -122,7 +122,9 @@ def gumbel_noise(seed: int, positions: torch.Tensor, vocab_size: int) -> torch.T
     keys = keys.to(positions.device)
     tokens = (torch.arange(vocab_size, device=positions.device, dtype=torch.int64) * _TOKEN_MUL) & _M32
     bits = hash32(keys[:, None] ^ tokens[None, :])  # [n, vocab]
-    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # 23 bits: k + 0.5 is exact in float32, so u < 1 and the noise is finite (24 bits would round
+    # the top value to exactly 1.0 and give +inf noise, which would beat any probability).
+    u = ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
     return -torch.log(-torch.log(u))
 
 
@@ -171,9 +173,8 @@ def select_tokens(logits: torch.Tensor, params: SamplingParams, positions: torch
 #     bits           = hash32(key_s ^ (t * 0x85EBCA6B mod 2**32))       # t = token (0 for a scalar)
 #     u              = ((bits >> 9) + 0.5) / 2**23                     # in (0, 1), exact in float32
 #
-# These streams keep 23 bits so that ``k + 0.5`` is exact in float32 and ``u`` never rounds to 1.
-# (Stream 0 keeps 24 bits: for ``bits >> 8 == 2**24 - 1`` its ``u`` rounds to exactly 1.0 and the
-# Gumbel noise is +inf; the kernels reproduce that bit for bit, see kernels/verify_triton.py.)
+# Every stream, stream 0 included, keeps 23 bits so that ``k + 0.5`` is exact in float32 and ``u``
+# never rounds to 1 (the noise stays finite).
 
 STREAM_ACCEPT = 1  # one uniform per position: accept a sampled draft token iff u * q(x) <= p(x)
 STREAM_RECOVER = 2  # Exp(1) per (position, token): the recovered token's exponential race
@@ -208,8 +209,7 @@ def gumbel_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     :func:`gumbel_noise`, so ``gumbel_from_keys(stream_keys(s, p), V) == gumbel_noise(seed, p, V)``."""
     tokens = (torch.arange(vocab_size, device=keys.device, dtype=torch.int64) * _TOKEN_MUL) & _M32
     bits = hash32(keys[:, None] ^ tokens[None, :])  # [n, vocab]
-    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
-    return -torch.log(-torch.log(u))
+    return -torch.log(-torch.log(_uniform23(bits)))
 
 
 def _uniform23(bits: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,148 @@
+"""The batched verification interface shared by the Triton kernels and their torch twins.
+
+A batch is a flat list of draft trees. Request ``b`` owns logits rows
+``row_offsets[b] : row_offsets[b + 1]``, root row first (``n_b + 1`` rows for ``n_b`` draft nodes,
+``n_b = 0`` being a plain decode step), and draft nodes ``row_offsets[b] - b : row_offsets[b + 1] - b - 1``
+of ``tokens`` / ``parents`` (parents are local to the request, -1 = the root). Example, two requests
+with 2 and 0 nodes: ``row_offsets = [0, 3, 4]``, rows 0-2 and 3, nodes 0-1 and none.
+
+:func:`pack_requests` builds these tensors from Python lists and ``SamplingParams``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import NamedTuple
+
+import torch
+
+from lookupspec.sampling import SamplingParams
+from lookupspec.verify import NextKind, VerifyResult
+
+__all__ = [
+    "BatchVerifyOutput",
+    "RequestBatch",
+    "VerifyMode",
+    "check_verify_inputs",
+    "pack_requests",
+]
+
+
+class VerifyMode(StrEnum):
+    """Batch-wide verification rule. In ``match`` and ``rejection`` a request whose parameters are
+    greedy (temperature < GREEDY_EPS or top_k == 1) is verified with the greedy rule."""
+
+    GREEDY = "greedy"  # every request greedy; sampling tensors may be None
+    MATCH = "match"  # sample-and-match for deterministic draft trees
+    REJECTION = "rejection"  # rejection sampling of sampled chains; needs draft_probs
+
+
+class BatchVerifyOutput(NamedTuple):
+    accepted: torch.Tensor  # [B, max_nodes] int64 accepted node indices (local), root side first, -1 pad
+    num_accepted: torch.Tensor  # [B] int64
+    next_token: torch.Tensor  # [B] int64 the recovered or bonus token
+    recovered: torch.Tensor  # [B] bool: True = recovered token, False = bonus token
+
+    def results(self) -> list[VerifyResult]:
+        """Per-request results on the host (one device-to-host copy)."""
+        acc, num = self.accepted.tolist(), self.num_accepted.tolist()
+        nxt, rec = self.next_token.tolist(), self.recovered.tolist()
+        return [
+            VerifyResult(tuple(acc[b][: num[b]]), nxt[b], NextKind.RECOVERED if rec[b] else NextKind.BONUS)
+            for b in range(len(num))
+        ]
+
+
+class RequestBatch(NamedTuple):
+    """Keyword arguments of ``verify_batch`` besides logits, mode and draft_probs."""
+
+    tokens: torch.Tensor  # [num_nodes] int32
+    parents: torch.Tensor  # [num_nodes] int32, local, -1 = root
+    row_offsets: torch.Tensor  # [B + 1] int32
+    temperature: torch.Tensor  # [B] float32, 0.0 for greedy requests
+    top_k: torch.Tensor  # [B] int32
+    top_p: torch.Tensor  # [B] float32
+    seed: torch.Tensor  # [B] int64
+    root_position: torch.Tensor  # [B] int64
+    max_nodes: int
+
+
+def pack_requests(
+    trees: Sequence[tuple[Sequence[int], Sequence[int]]],  # per request: (tokens, parents)
+    params: Sequence[SamplingParams],
+    root_positions: Sequence[int],
+    device: torch.device | str = "cpu",
+) -> RequestBatch:
+    """Flatten per-request draft trees and sampling parameters into the batched layout.
+
+    Greedy requests get temperature 0 so that every implementation agrees on which rows are greedy."""
+    if not len(trees) == len(params) == len(root_positions):
+        raise ValueError("trees, params and root_positions must have one entry per request")
+    toks: list[int] = []
+    pars: list[int] = []
+    offsets = [0]
+    for tree_tokens, tree_parents in trees:
+        if len(tree_tokens) != len(tree_parents):
+            raise ValueError("each tree needs as many parents as tokens")
+        toks.extend(int(t) for t in tree_tokens)
+        pars.extend(int(p) for p in tree_parents)
+        offsets.append(offsets[-1] + len(tree_tokens) + 1)
+    for p in params:
+        if not p.greedy and p.seed is None:
+            raise ValueError("sampling needs a concrete seed: call SamplingParams.with_seed() first")
+
+    def t(values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return RequestBatch(
+        tokens=t(toks, torch.int32),  # int32: what the kernels read, so no conversion per step
+        parents=t(pars, torch.int32),
+        row_offsets=t(offsets, torch.int32),
+        temperature=t([0.0 if p.greedy else p.temperature for p in params], torch.float32),
+        top_k=t([p.top_k for p in params], torch.int32),
+        top_p=t([p.top_p for p in params], torch.float32),
+        seed=t([0 if p.seed is None else p.seed for p in params], torch.int64),
+        root_position=t([int(r) for r in root_positions], torch.int64),
+        max_nodes=max((len(tr[0]) for tr in trees), default=0),
+    )
+
+
+def check_verify_inputs(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    row_offsets: torch.Tensor,
+    sampling: Sequence[torch.Tensor | None],  # temperature, top_k, top_p, seed, root_position
+    mode: VerifyMode,
+    max_nodes: int,
+    draft_probs: torch.Tensor | None,
+) -> None:
+    """Cheap checks of dims and dtypes (never of values: that would synchronise with the device)."""
+    if logits.dim() != 2 or logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"logits must be [num_rows, vocab] fp32/fp16/bf16, got {tuple(logits.shape)} "
+                         f"{logits.dtype}")
+    for name, x in (("tokens", tokens), ("parents", parents), ("row_offsets", row_offsets)):
+        if x.dim() != 1 or x.dtype.is_floating_point or x.dtype == torch.bool:
+            raise ValueError(f"{name} must be a 1-D integer tensor, got {tuple(x.shape)} {x.dtype}")
+    if tokens.shape != parents.shape:
+        raise ValueError(f"tokens and parents differ in shape: {tuple(tokens.shape)} {tuple(parents.shape)}")
+    batch = row_offsets.numel() - 1
+    if batch < 1:
+        raise ValueError("row_offsets must hold at least two entries (one request)")
+    if tokens.numel() != logits.shape[0] - batch:
+        raise ValueError(f"{logits.shape[0]} logits rows for {batch} requests need "
+                         f"{logits.shape[0] - batch} nodes, got {tokens.numel()}")
+    if max_nodes < 0:
+        raise ValueError(f"max_nodes must be >= 0, got {max_nodes}")
+    if mode is not VerifyMode.GREEDY:
+        names = ("temperature", "top_k", "top_p", "seed", "root_position")
+        for name, value in zip(names, sampling, strict=True):
+            if value is None or value.shape != (batch,):
+                raise ValueError(f"mode {mode.value!r} needs {name} as a [{batch}] tensor")
+    if mode is VerifyMode.REJECTION:
+        if draft_probs is None or draft_probs.shape != (tokens.numel(), logits.shape[1]):
+            raise ValueError(f"rejection mode needs draft_probs [num_nodes, vocab] = "
+                             f"[{tokens.numel()}, {logits.shape[1]}]")
+        if not draft_probs.dtype.is_floating_point:
+            raise ValueError(f"draft_probs must be floating point, got {draft_probs.dtype}")
