@@ -16,9 +16,17 @@ from typing import Any
 
 from lookupspec.detokenize import TextStream
 from lookupspec.engine import Engine
-from lookupspec.models import LoadedModel, eos_token_ids, load_model, render_chat
-from lookupspec.params import GenerationParams
+from lookupspec.models import (
+    LoadedModel,
+    ModelLoadError,
+    check_same_tokenizer,
+    eos_token_ids,
+    load_model,
+    render_chat,
+)
+from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.sampling import SamplingParams
+from lookupspec.stats import RequestStats
 
 __all__ = ["Completion", "TextChunk", "TextEngine"]
 
@@ -30,6 +38,7 @@ class TextChunk:
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
+    stats: RequestStats | None = None  # the request's running speculation statistics
 
 
 @dataclass
@@ -38,6 +47,7 @@ class Completion:
     token_ids: list[int]
     finish_reason: str
     prompt_tokens: int
+    stats: RequestStats | None = None
     completion_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -47,16 +57,36 @@ class Completion:
 class TextEngine:
     """Holds a loaded model, its tokenizer and an :class:`Engine`."""
 
-    def __init__(self, loaded: LoadedModel, engine: Engine | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, engine: Engine | None = None, **engine_kwargs: Any) -> None:
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
-        self.engine = engine or Engine(loaded.model, context_window=loaded.context_window)
+        self.engine = engine or Engine(loaded.model, context_window=loaded.context_window, **engine_kwargs)
         self.eos_token_ids = eos_token_ids(loaded)
 
     @classmethod
-    def load(cls, model: str, *, dtype: str = "float32", device: str = "cpu", auto_pull: bool = False,
-             **kwargs: Any) -> TextEngine:
-        return cls(load_model(model, dtype=dtype, device=device, auto_pull=auto_pull, **kwargs))
+    def load(cls, model: str, *, draft_model: str | None = None, dtype: str = "float32", device: str = "cpu",
+             auto_pull: bool = False, warmup: bool = False, **kwargs: Any) -> TextEngine:
+        """Load a target (and optionally a draft model: a model spec sharing the target's tokenizer, or
+        ``self:layers=K`` / ``self:int8`` derived from the target)."""
+        loaded = load_model(model, dtype=dtype, device=device, auto_pull=auto_pull, **kwargs)
+        draft = None
+        if draft_model:
+            from lookupspec.drafting.derived import derive_draft, is_derived_spec
+
+            if is_derived_spec(draft_model):
+                try:
+                    draft = derive_draft(loaded.model, draft_model)
+                except ValueError as exc:
+                    raise ModelLoadError(str(exc)) from exc
+            else:
+                draft_loaded = load_model(draft_model, dtype=dtype, device=device, auto_pull=auto_pull,
+                                          **kwargs)
+                check_same_tokenizer(loaded.tokenizer, draft_loaded.tokenizer)
+                draft = draft_loaded.model
+        te = cls(loaded, draft_model=draft)
+        if warmup:
+            te.engine.warmup()
+        return te
 
     def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
                       prompt_ids: Sequence[int] | None = None) -> list[int]:
@@ -80,41 +110,45 @@ class TextEngine:
             ignore_eos=ignore_eos,
         )
 
-    def stream_ids(self, prompt_ids: Sequence[int], params: GenerationParams,
-                   stop: Sequence[str] = ()) -> Iterator[TextChunk]:
+    def stream_ids(self, prompt_ids: Sequence[int], params: GenerationParams, stop: Sequence[str] = (),
+                   spec: SpecParams | None = None, scope: LookupScope | None = None) -> Iterator[TextChunk]:
         """Text chunks as steps complete; a stop string ends the stream with finish_reason 'stop'."""
         text = TextStream(self.tokenizer, stop)
-        gen = self.engine.generate(prompt_ids, params)
+        gen = self.engine.generate(prompt_ids, params, spec=spec, scope=scope)
         try:
             for step in gen:
                 delta = text.push(step.tokens)
                 if text.stop_reached is not None:
-                    yield TextChunk(delta, step.tokens, "stop")
+                    yield TextChunk(delta, step.tokens, "stop", step.stats)
                     return
                 if step.finish_reason is not None:
                     delta += text.flush()
                     if text.stop_reached is not None:
-                        yield TextChunk(delta, step.tokens, "stop")
+                        yield TextChunk(delta, step.tokens, "stop", step.stats)
                         return
-                yield TextChunk(delta, step.tokens, step.finish_reason)
+                yield TextChunk(delta, step.tokens, step.finish_reason, step.stats)
         finally:
             gen.close()  # stops the decode loop when the consumer goes away (stop string, disconnect)
 
     def stream(self, *, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
-               stop: Sequence[str] = (), **kwargs: Any) -> Iterator[TextChunk]:
+               stop: Sequence[str] = (), spec: SpecParams | None = None, scope: LookupScope | None = None,
+               **kwargs: Any) -> Iterator[TextChunk]:
         ids = self.encode_prompt(prompt, messages)
-        return self.stream_ids(ids, self.params(**kwargs), stop)
+        return self.stream_ids(ids, self.params(**kwargs), stop, spec=spec, scope=scope)
 
     def complete(self, *, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
                  prompt_ids: Sequence[int] | None = None, stop: Sequence[str] = (),
+                 spec: SpecParams | None = None, scope: LookupScope | None = None,
                  **kwargs: Any) -> Completion:
         ids = self.encode_prompt(prompt, messages, prompt_ids)
         parts: list[str] = []
         tokens: list[int] = []
         reason = "length"
-        for chunk in self.stream_ids(ids, self.params(**kwargs), stop):
+        stats = None
+        for chunk in self.stream_ids(ids, self.params(**kwargs), stop, spec=spec, scope=scope):
             parts.append(chunk.text)
             tokens.extend(chunk.token_ids)
+            stats = chunk.stats
             if chunk.finish_reason is not None:
                 reason = chunk.finish_reason
-        return Completion("".join(parts), tokens, reason, prompt_tokens=len(ids))
+        return Completion("".join(parts), tokens, reason, prompt_tokens=len(ids), stats=stats)

@@ -1,15 +1,19 @@
 """Generate text for one prompt and stream it to the terminal as it is produced.
 
 Greedy by default; --temperature > 0 samples (reproducibly with --seed). --chat renders the prompt
-as a user message with the model's chat template."""
+as a user message with the model's chat template. Speculation (lookup drafts from the prompt, and a
+draft model with --draft-model) is on unless --no-spec; the output is the same either way. -v prints
+the speculation statistics afterwards."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from lookupspec.commands.common import add_model_arguments, positive_int
 from lookupspec.models import ModelLoadError
+from lookupspec.params import SpecParams
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +26,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    parser.add_argument("--draft-model", default=None,
+                        help="draft model sharing the target's tokenizer, or self:layers=K / self:int8")
+    parser.add_argument("--no-spec", action="store_true", help="plain decoding (no speculation)")
+    parser.add_argument("--max-draft-tokens", type=int, default=32, help="draft tree node budget per step")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print speculation statistics")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
-        te = TextEngine.load(args.model, dtype=args.dtype, device=args.device, auto_pull=True,
-                             log=lambda m: print(m, file=sys.stderr))
+        spec = SpecParams(enabled=not args.no_spec, max_draft_tokens=args.max_draft_tokens)
+        te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
+                             auto_pull=True, warmup=not args.no_spec, log=lambda m: print(m, file=sys.stderr))
         params = te.params(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                            top_k=args.top_k, seed=args.seed)
         ids = te.encode_prompt(messages=[{"role": "user", "content": prompt}]) if args.chat \
@@ -39,10 +49,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finish = None
-    for chunk in te.stream_ids(ids, params, args.stop):
+    stats = None
+    t0 = time.perf_counter()
+    for chunk in te.stream_ids(ids, params, args.stop, spec=spec):
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
         finish = chunk.finish_reason or finish
+        stats = chunk.stats
+    seconds = time.perf_counter() - t0
     sys.stdout.write("\n")
     print(f"[finish_reason: {finish}]", file=sys.stderr)
+    if args.verbose and stats is not None:
+        d = stats.as_dict()
+        rate = d["emitted_tokens"] / seconds
+        print(f"[{d['emitted_tokens']} tokens in {seconds:.2f} s = {rate:.1f} tokens/s; "
+              f"{d['target_forwards']} target forwards; acceptance length {d['acceptance_length']:.2f}; "
+              f"draft tokens {d['draft_tokens']}, accepted {d['accepted_tokens']}; "
+              f"sources {d['accepted_tokens_by_source']}]", file=sys.stderr)
     return 0

@@ -1,0 +1,141 @@
+"""Adaptivity: choose each step's draft budget by expected tokens per second.
+
+The engine measures, online, what a target forward over ``n`` input tokens costs (the root plus
+``n - 1`` draft nodes; it grows with ``n``, and faster on a busy machine than an idle one) and what a
+draft-model token costs. The composer supplies the draft nodes ordered by score, where a node's score
+estimates the probability that the whole path to it is accepted (calibrated by each source's observed
+acceptance per match length). The expected tokens a step emits with the first ``k`` nodes is
+``1 + sum(score[:k])`` (one recovered or bonus token always comes out). The policy picks
+
+    k* = argmax_k  (1 + sum(score[:k])) / (target_cost(k + 1) + draft_cost(k))
+
+down to ``k = 0``, plain decoding. Worked example: scores [0.9, 0.8, 0.1], target costs 40, 44, 46,
+60 ms for 1..4 tokens: k=0 -> 1/40 = .025, k=1 -> 1.9/44 = .043, k=2 -> 2.7/46 = .059, k=3 ->
+2.8/60 = .047: two nodes are drafted.
+
+Because the cost table is measured rather than assumed, the same rule switches speculation off where
+it does not pay: low-acceptance (creative) text, long contexts where a wide forward costs more, a busy
+machine, or a draft model too slow for its acceptance rate.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["BudgetPolicy", "CostModel", "DraftModelGate"]
+
+
+class CostModel:
+    """Exponential moving averages of a forward's seconds per input size, interpolated between
+    measured sizes. Thread-safe (one instance per engine, shared by its requests)."""
+
+    def __init__(self, max_tokens: int = 256, alpha: float = 0.15) -> None:
+        self.max_tokens = max_tokens
+        self.alpha = alpha
+        self._sum = np.zeros(max_tokens + 1)
+        self._seen = np.zeros(max_tokens + 1, dtype=bool)
+        self._lock = threading.Lock()
+
+    def observe(self, n: int, seconds: float) -> None:
+        if not 1 <= n <= self.max_tokens or seconds <= 0:
+            return
+        with self._lock:
+            if self._seen[n]:
+                # a forward slowed down by another process (seen as 10-50x on a shared 2-core box)
+                # says nothing about the cost of n tokens: cap how far one sample can pull the mean
+                seconds = min(seconds, 2.0 * self._sum[n])
+                self._sum[n] += self.alpha * (seconds - self._sum[n])
+            else:
+                self._sum[n] = seconds
+                self._seen[n] = True
+
+    def known(self) -> bool:
+        return bool(self._seen[1])
+
+    def table(self, upto: int) -> np.ndarray:
+        """Estimated seconds for sizes 0..upto (index 0 unused): linear interpolation between measured
+        sizes, flat extrapolation below the first and proportional growth past the last."""
+        upto = min(upto, self.max_tokens)
+        with self._lock:
+            xs = np.flatnonzero(self._seen)
+            ys = self._sum[xs].copy()
+        out = np.zeros(upto + 1)
+        if xs.size == 0:
+            return out
+        sizes = np.arange(1, upto + 1)
+        out[1:] = np.interp(sizes, xs, ys)
+        last = xs[-1]
+        if last < upto:
+            # past the largest measured size assume cost grows in proportion to the size: pessimistic,
+            # so the policy only widens drafts into sizes it has evidence for or that clearly pay
+            out[last + 1 :] = ys[-1] * sizes[last:] / last
+        # a wider forward never costs less than a narrower one
+        out[1:] = np.maximum.accumulate(out[1:])
+        return out
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    """Picks how many of the (score-ordered) draft nodes to verify."""
+
+    min_score: float = 0.0  # nodes scoring below this are never worth a slot
+    adaptive: bool = True  # False: verify every proposed node (a fixed budget, as HF's peers do)
+
+    def choose(self, scores: np.ndarray, target_cost: np.ndarray, draft_cost: float = 0.0) -> int:
+        """scores: [m] float, descending path probabilities; target_cost: [>= m + 2] seconds per input
+        size (index = tokens in the forward); draft_cost: seconds per drafted node (draft model)."""
+        m = int(scores.shape[0])
+        if not self.adaptive:
+            return m
+        if m == 0 or target_cost.shape[0] < 2 or target_cost[1] <= 0:
+            return 0
+        m = min(m, target_cost.shape[0] - 2)
+        s = np.clip(scores[:m], 0.0, 1.0)
+        gain = 1.0 + np.concatenate(([0.0], np.cumsum(s)))  # [m + 1]: k = 0..m
+        cost = target_cost[1 : m + 2] + draft_cost * np.arange(m + 1)
+        rate = gain / cost
+        k = int(np.argmax(rate))
+        while k > 0 and s[k - 1] < self.min_score:
+            k -= 1
+        return k
+
+
+class DraftModelGate:
+    """Acceptance history of the draft model per chain position, and whether drafting with it pays.
+
+    ``rates()`` estimates P(position i accepted | position i - 1 accepted) with a Beta(1, 1) prior.
+    When the policy keeps choosing zero draft-model tokens the gate closes, but every ``probe_every``
+    steps it lets a short chain through so the estimate can recover when the text starts to copy
+    (the draft model "switches back on when it would pay")."""
+
+    def __init__(self, max_len: int = 16, probe_every: int = 32, probe_len: int = 2) -> None:
+        self.max_len = max_len
+        self.probe_every = probe_every
+        self.probe_len = probe_len
+        self.tried = np.zeros(max_len)
+        self.accepted = np.zeros(max_len)
+        self.steps_since_use = probe_every  # probe on the first chance: there is no history yet
+        self._lock = threading.Lock()
+
+    def rates(self) -> np.ndarray:
+        with self._lock:
+            return (self.accepted + 1.0) / (self.tried + 2.0)
+
+    def path_scores(self, k: int) -> np.ndarray:
+        return np.cumprod(self.rates()[: min(k, self.max_len)])
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        with self._lock:
+            d = min(drafted, self.max_len)
+            a = min(accepted, d)
+            self.tried[: min(a + 1, d)] += 1  # positions up to the first rejection were judged
+            self.accepted[:a] += 1
+            decay = 0.995  # forget slowly: acceptance drifts with the text being written
+            self.tried *= decay
+            self.accepted *= decay
+
+    def probe_due(self) -> bool:
+        return self.steps_since_use >= self.probe_every
