@@ -1,24 +1,78 @@
-"""The FastAPI application.
+"""The FastAPI application: routes, middleware, error handlers, and the service's lifecycle.
 
-Foundation stage: only ``GET /health`` exists (it reports the loaded model). The OpenAI-compatible
-routes, the documents API and the shared store arrive with the gateway issue.
+``create_app(service)`` wires an already built ``GatewayService`` (engine + store + indexes) into an
+app; ``build_service`` builds one from a loaded ``TextEngine`` and an opened store. The worker thread
+starts with the app (lifespan) and stops with it, after uvicorn has drained the connections.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 
-__all__ = ["create_app"]
+from lookupspec import __version__
+
+from . import routes_documents, routes_openai, routes_ops
+from .auth import Authenticator
+from .config import GatewayConfig
+from .errors import install_error_handlers
+from .indexes import IndexRegistry
+from .middleware import AuthMiddleware, BodyLimitMiddleware, RequestMetricsMiddleware
+from .service import GatewayService
+from .store import Store
+
+__all__ = ["build_service", "create_app"]
 
 
-def create_app(text_engine: Any, *, model_name: str) -> FastAPI:
-    app = FastAPI(title="lookupspec", version="0.1.0")
-    app.state.text_engine = text_engine
+def build_service(text_engine: Any, store: Store, config: GatewayConfig) -> GatewayService:
+    """A service over ``store``, whose indexes follow the store from now on. ``store`` may be started
+    already (its state is replayed into the indexes) or not (then start it after this)."""
+    indexes = IndexRegistry(output_cap_tokens=config.output_cap_tokens)
+    store.subscribe(indexes, replay_existing=True)
+    return GatewayService(text_engine, store, indexes, config)
 
-    @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "api": "health-only (foundation stage)"}
 
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema with its 422 responses removed: validation errors are 400 here."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                             routes=app.routes)
+        for path in schema.get("paths", {}).values():
+            for op in path.values():
+                op.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def create_app(service: GatewayService, *, close_store: bool = False) -> FastAPI:
+    """The app serving ``service``. With ``close_store`` the store is closed when the app stops."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            service.close(timeout=max(service.config.drain_timeout_s, 1.0))
+            if close_store:
+                service.store.close()
+
+    app = FastAPI(title="lookupspec", version=__version__, lifespan=lifespan,
+                  description="OpenAI-compatible speculative-decoding gateway with lookup drafts.")
+    app.state.service = service
+    app.include_router(routes_openai.router)
+    app.include_router(routes_documents.router)
+    app.include_router(routes_ops.router)
+    install_error_handlers(app)
+    # Starlette wraps in reverse order: the last added runs first.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=service.config.limits.max_body_bytes)
+    app.add_middleware(AuthMiddleware, auth=Authenticator(service.config))
+    app.add_middleware(RequestMetricsMiddleware, metrics=lambda: service.metrics)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

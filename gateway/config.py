@@ -1,0 +1,100 @@
+"""The gateway's configuration: small frozen dataclasses, validated where they are built.
+
+``GatewayConfig`` is what the HTTP layer and the service need; ``Limits`` bounds what one request may
+ask for (enforced with 400 or 413 before any model work starts). ``lookupspec serve`` builds them from
+its flags and environment variables; tests build them directly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = ["DEFAULT_NAMESPACE", "NAME_PATTERN", "GatewayConfig", "Limits", "parse_api_keys"]
+
+DEFAULT_NAMESPACE = "default"
+# Collection and namespace names: safe in URLs, Redis keys and log lines.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request bounds. Sizes are UTF-8 bytes; a request over a size limit gets 413."""
+
+    max_body_bytes: int = 16 * 1024 * 1024  # any request body
+    max_documents_per_request: int = 1000  # one documents upload
+    max_document_bytes: int = 2 * 1024 * 1024  # one document's text
+    max_inline_documents: int = 16  # ``lookup.documents`` of one generation request
+    max_inline_bytes: int = 4 * 1024 * 1024  # all inline documents of one request together
+    max_choices: int = 16  # prompts x n of one request
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_documents_per_request", "max_document_bytes",
+                     "max_inline_documents", "max_inline_bytes", "max_choices"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """model_name: the id clients send as ``model`` (``/v1/models`` lists it).
+    api_keys: key -> namespace; empty means no authentication and one ``default_namespace``.
+    max_queue: requests that may wait while one generates; one more gets 429.
+    request_timeout_s: deadline of one generation request, queueing included.
+    drain_timeout_s: on SIGTERM, how long in-flight requests may take before they are cancelled.
+    max_model_len: caps the context window below the model's (None: the model's own).
+    output_cap_tokens: size of each namespace's output store (lookup index of earlier outputs).
+    """
+
+    model_name: str
+    api_keys: Mapping[str, str] = field(default_factory=dict)
+    default_namespace: str = DEFAULT_NAMESPACE
+    max_queue: int = 64
+    request_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0
+    max_model_len: int | None = None
+    output_cap_tokens: int = 1_000_000
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if not self.model_name:
+            raise ValueError("model_name must not be empty")
+        for key, namespace in self.api_keys.items():
+            if not key:
+                raise ValueError("API keys must not be empty")
+            if not _NAME.match(namespace):
+                raise ValueError(f"namespace {namespace!r} must match {NAME_PATTERN}")
+        if not _NAME.match(self.default_namespace):
+            raise ValueError(f"namespace {self.default_namespace!r} must match {NAME_PATTERN}")
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if not self.request_timeout_s > 0 or not self.drain_timeout_s >= 0:
+            raise ValueError("request_timeout_s must be > 0 and drain_timeout_s >= 0")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.output_cap_tokens < 1:
+            raise ValueError(f"output_cap_tokens must be >= 1, got {self.output_cap_tokens}")
+        object.__setattr__(self, "api_keys", MappingProxyType(dict(self.api_keys)))
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.api_keys)
+
+
+def parse_api_keys(specs: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``["KEY:NAMESPACE", ...]`` -> {key: namespace}. The key is everything before the last colon,
+    so keys may contain colons; a key given twice with different namespaces is an error."""
+    keys: dict[str, str] = {}
+    for spec in specs:
+        key, sep, namespace = spec.rpartition(":")
+        if not sep or not key or not namespace:
+            raise ValueError(f"--api-key must be KEY:NAMESPACE, got {spec!r}")
+        if not _NAME.match(namespace):
+            raise ValueError(f"namespace {namespace!r} in --api-key must match {NAME_PATTERN}")
+        if keys.get(key, namespace) != namespace:
+            raise ValueError("an API key is given twice with different namespaces")
+        keys[key] = namespace
+    return keys

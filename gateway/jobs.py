@@ -1,0 +1,134 @@
+"""A generation job, the events its worker emits, and the ``Ticket`` through which the event loop
+receives them.
+
+The worker thread calls ``Ticket.emit`` (thread-safe: ``call_soon_threadsafe`` onto the request's
+event loop); the request's coroutine iterates ``Ticket.events``. A job ends in exactly one terminal
+event, ``JobDone`` or ``JobFailed``; ``events`` also ends on its own when the job's deadline passes
+(plus a grace second for the worker to notice first) or the worker is gone, so a client is never left
+hanging. ``Ticket.cancel`` (client disconnect, deadline, shutdown) is read by the worker between steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from lookupspec.params import GenerationParams, LookupScope, SpecParams
+from lookupspec.stats import RequestStats
+
+from .errors import APIError
+
+__all__ = [
+    "ChoiceFinished",
+    "ChoicePlan",
+    "Event",
+    "GenerationJob",
+    "JobDone",
+    "JobFailed",
+    "TextDelta",
+    "Ticket",
+]
+
+
+@dataclass(frozen=True)
+class ChoicePlan:
+    """One generation: choice ``index`` of the response."""
+
+    index: int
+    prompt_ids: tuple[int, ...]  # [prompt_len], validated against the vocabulary and the window
+    params: GenerationParams
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    """Everything the worker needs; built (and validated) by ``planning`` before it is queued."""
+
+    namespace: str
+    choices: tuple[ChoicePlan, ...]
+    prompt_tokens: int  # usage: each distinct prompt counted once (not once per sample)
+    stop: tuple[str, ...]
+    spec: SpecParams
+    scope: LookupScope
+    arrived: float  # time.perf_counter() when the request arrived
+    deadline: float  # time.perf_counter() after which the job is abandoned
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ChoiceFinished:
+    index: int
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+    stats: RequestStats
+
+
+@dataclass(frozen=True)
+class JobDone:
+    pass
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    error: APIError
+
+
+Event = TextDelta | ChoiceFinished | JobDone | JobFailed
+
+
+class Ticket:
+    """The event loop's side of one job."""
+
+    def __init__(self, job: GenerationJob, loop: asyncio.AbstractEventLoop, *,
+                 deadline_error: Callable[[], APIError], worker_alive: Callable[[], bool]) -> None:
+        self.job = job
+        self._loop = loop
+        self._deadline_error = deadline_error
+        self._worker_alive = worker_alive
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.cancel_reason = "disconnect"
+
+    def emit(self, event: Event) -> None:
+        """Called from the worker thread."""
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def cancel(self, reason: str = "disconnect") -> None:
+        if not self.cancelled.is_set():
+            self.cancel_reason = reason
+            self.cancelled.set()
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Events until the terminal one (see the module docstring)."""
+        while True:
+            if not self._queue.empty():  # fast path: no timer while tokens are flowing
+                event = self._queue.get_nowait()
+            else:
+                timeout = min(5.0, self.job.deadline + 1.0 - time.perf_counter())
+                try:
+                    async with asyncio.timeout(max(timeout, 0.0)):
+                        event = await self._queue.get()
+                except TimeoutError:
+                    if time.perf_counter() > self.job.deadline + 1.0:
+                        self.cancel("deadline")
+                        yield JobFailed(self._deadline_error())
+                        return
+                    if not self._worker_alive():
+                        self.cancel("shutdown")
+                        yield JobFailed(APIError(503, "the generation worker stopped",
+                                                 code="engine_unavailable"))
+                        return
+                    continue
+            yield event
+            if isinstance(event, JobDone | JobFailed):
+                return

@@ -1,0 +1,125 @@
+"""Pure ASGI middleware: authentication, the request body size limit, request counting.
+
+They run before routing and body parsing, so a missing key is a 401 and an oversized body a 413
+whatever else is wrong with the request, and an oversized body is never read into memory whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .auth import Authenticator
+from .errors import APIError
+from .metrics import GatewayMetrics
+
+__all__ = ["AuthMiddleware", "BodyLimitMiddleware", "RequestMetricsMiddleware"]
+
+# Endpoint label of the request counter: a fixed set, so label cardinality stays bounded.
+_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/collections", "/health",
+              "/ready", "/metrics")
+
+
+async def _send_error(send: Send, error: APIError) -> None:
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class AuthMiddleware:
+    """``/v1/...`` requests get ``scope["state"]["namespace"]`` or a 401."""
+
+    def __init__(self, app: ASGIApp, auth: Authenticator) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            namespace = self.auth.namespace(headers.get("authorization"), headers.get("api-key"))
+        except APIError as exc:
+            await _send_error(send, exc)
+            return
+        scope.setdefault("state", {})["namespace"] = namespace
+        await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """413 for a body over ``max_bytes``: at once from Content-Length, or while a chunked body is
+    read (the app then never sees it)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _error(self) -> APIError:
+        return APIError(413, f"the request body exceeds the limit of {self.max_bytes} bytes",
+                        code="payload_too_large")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope["headers"]:
+            if key.lower() == b"content-length":
+                try:
+                    too_big = int(value) > self.max_bytes
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    await _send_error(send, self._error())
+                    return
+        # Read the body up front (bounded), then replay it to the app.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # disconnect: let the app see an empty body and the disconnect
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await _send_error(send, self._error())
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class RequestMetricsMiddleware:
+    """Counts answered requests by endpoint and status code."""
+
+    def __init__(self, app: ASGIApp, metrics: Callable[[], GatewayMetrics]) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        endpoint = next((e for e in _ENDPOINTS if path == e or path.startswith(e + "/")), "other")
+
+        async def send_counting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics().requests.labels(endpoint=endpoint, status=str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, send_counting)

@@ -1,0 +1,167 @@
+"""From a validated request body to a ``GenerationJob``: tokenize, check the context window, resolve
+the ``lookup`` object into ``SpecParams`` and a ``LookupScope``.
+
+Everything that can be wrong with a request is found here, before it is queued, and raised as a
+4xx ``APIError`` naming the offending ``param``; the worker only ever sees jobs the engine accepts.
+This runs on a thread-pool thread (tokenizing a long prompt, or indexing inline documents, is
+blocking work), never on the event loop.
+
+Choices: a request with P prompts and ``n`` gets P * n choices, choice ``p * n + j`` being the
+j-th sample of prompt p (OpenAI's order). With a ``seed``, sample j uses ``seed + j``, so the n
+samples differ but the whole response is reproducible and choice 0 equals an in-process
+generation with the same seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lookupspec.index import CorpusStore
+from lookupspec.params import SpecParams
+
+from .errors import APIError, bad_request, not_found, too_large
+from .jobs import ChoicePlan, GenerationJob
+from .protocol import ChatCompletionRequest, CompletionRequest, LookupOptions
+from .service import GatewayService
+
+__all__ = ["plan_chat", "plan_completion"]
+
+_SEED_MOD = 2**63
+
+
+def _context_error(prompt_len: int, max_tokens: int | None, window: int, field: str) -> APIError:
+    if max_tokens is None:
+        return APIError(400, f"this model's maximum context length is {window} tokens; the prompt has "
+                             f"{prompt_len} tokens, leaving no room for the completion",
+                        param="input_tokens", code="context_length_exceeded")
+    return APIError(400, f"this model's maximum context length is {window} tokens; the prompt has "
+                         f"{prompt_len} tokens and {field} asks for {max_tokens} more "
+                         f"(at most {window - prompt_len} fit)",
+                    param="max_tokens", code="context_length_exceeded")
+
+
+def _check_ids(ids: Sequence[int], vocab_size: int, param: str) -> tuple[int, ...]:
+    if not ids:
+        raise bad_request("the prompt must contain at least one token", param)
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param)
+    return tuple(int(t) for t in ids)
+
+
+def _encode_text(service: GatewayService, text: str) -> list[int]:
+    return list(service.text_engine.encode_prompt(prompt=text))
+
+
+def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, str]]:
+    out = []
+    for m in req.messages:
+        # content parts: only text parts exist for this model
+        content = "".join(part.text for part in m.content) if isinstance(m.content, list) else m.content or ""
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    return out
+
+
+def _lookup(service: GatewayService, namespace: str, lookup: LookupOptions | None) -> tuple[SpecParams, Any]:
+    lk = lookup or LookupOptions()
+    base: SpecParams = getattr(service.engine, "default_spec", None) or SpecParams()
+    spec = dataclasses.replace(
+        base,
+        enabled=base.enabled and lk.enabled,
+        max_draft_tokens=base.max_draft_tokens if lk.max_draft_tokens is None else lk.max_draft_tokens,
+        sources=base.sources if lk.sources is None else tuple(dict.fromkeys(lk.sources)),
+        collections=tuple(dict.fromkeys(lk.collections)),
+    )
+    for i, name in enumerate(spec.collections):
+        if service.store.state.get_collection(namespace, name) is None:
+            raise not_found(f"no collection named {name!r}", param=f"lookup.collections[{i}]",
+                            code="collection_not_found")
+    limits = service.config.limits
+    if len(lk.documents) > limits.max_inline_documents:
+        raise too_large(f"at most {limits.max_inline_documents} inline documents per request",
+                        "lookup.documents")
+    if sum(len(d.encode()) for d in lk.documents) > limits.max_inline_bytes:
+        raise too_large(f"inline documents are limited to {limits.max_inline_bytes} bytes in all",
+                        "lookup.documents")
+    inline = None
+    if lk.documents and spec.enabled and "corpus" in spec.sources:
+        docs = []
+        for i, text in enumerate(lk.documents):
+            ids = service.tokenizer.encode(text, add_special_tokens=False)
+            if ids:
+                docs.append((f"inline-{i}", np.asarray(ids, dtype=np.int32)))
+        if docs:
+            inline = CorpusStore()
+            inline.add_documents(docs)
+    scope = service.indexes.scope(namespace, spec.collections, inline,
+                                  output=spec.enabled and "output" in spec.sources)
+    return spec, scope
+
+
+def _plan(service: GatewayService, req: CompletionRequest | ChatCompletionRequest, namespace: str,
+          prompts: list[tuple[int, ...]], max_tokens: int | None, max_field: str,
+          arrived: float) -> GenerationJob:
+    window = service.context_window
+    if len(prompts) * req.n > service.config.limits.max_choices:
+        raise bad_request(f"{len(prompts)} prompt(s) x n={req.n} exceeds the limit of "
+                          f"{service.config.limits.max_choices} choices per request", "n")
+    for ids in prompts:
+        if len(ids) >= window:
+            raise _context_error(len(ids), None, window, max_field)
+        if max_tokens is not None and len(ids) + max_tokens > window:
+            raise _context_error(len(ids), max_tokens, window, max_field)
+    spec, scope = _lookup(service, namespace, req.lookup)  # after the cheap checks: it may index text
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    choices = []
+    for p, ids in enumerate(prompts):
+        budget = max_tokens if max_tokens is not None else window - len(ids)
+        for j in range(req.n):
+            seed = None if req.seed is None else (req.seed + j) % _SEED_MOD
+            try:
+                params = service.text_engine.params(max_tokens=budget, temperature=req.temperature,
+                                                    top_p=req.top_p, top_k=max(req.top_k, 0), seed=seed)
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
+            choices.append(ChoicePlan(p * req.n + j, ids, params))
+    timeout = service.config.request_timeout_s
+    return GenerationJob(namespace, tuple(choices), sum(len(ids) for ids in prompts), stop, spec, scope,
+                         arrived, arrived + timeout)
+
+
+def plan_completion(service: GatewayService, req: CompletionRequest, namespace: str,
+                    arrived: float | None = None) -> GenerationJob:
+    arrived = time.perf_counter() if arrived is None else arrived
+    vocab = service.engine.vocab_size
+    raw = req.prompt
+    if isinstance(raw, str):
+        prompts = [_check_ids(_encode_text(service, raw), vocab, "prompt")]
+    elif not raw:
+        raise bad_request("the prompt must not be empty", "prompt")
+    elif all(isinstance(x, str) for x in raw):
+        prompts = [_check_ids(_encode_text(service, x), vocab, f"prompt[{i}]")  # type: ignore[arg-type]
+                   for i, x in enumerate(raw)]
+    elif all(isinstance(x, int) for x in raw):
+        prompts = [_check_ids(raw, vocab, "prompt")]  # type: ignore[arg-type]
+    else:
+        prompts = [_check_ids(x, vocab, f"prompt[{i}]") for i, x in enumerate(raw)]  # type: ignore[arg-type]
+    return _plan(service, req, namespace, prompts, req.max_tokens, "max_tokens", arrived)
+
+
+def plan_chat(service: GatewayService, req: ChatCompletionRequest, namespace: str,
+              arrived: float | None = None) -> GenerationJob:
+    arrived = time.perf_counter() if arrived is None else arrived
+    try:
+        ids = service.text_engine.encode_prompt(messages=_message_dicts(req))
+    except Exception as exc:  # no chat template, or the template rejects these messages
+        raise bad_request(f"cannot render the messages with the model's chat template: {exc}",
+                          "messages") from None
+    prompt = _check_ids(ids, service.engine.vocab_size, "messages")
+    use_new = req.max_completion_tokens is not None
+    max_tokens = req.max_completion_tokens if use_new else req.max_tokens
+    field = "max_completion_tokens" if use_new else "max_tokens"
+    return _plan(service, req, namespace, [prompt], max_tokens, field, arrived)

@@ -1,0 +1,146 @@
+"""The documents API: collections of documents a namespace drafts from.
+
+Writes go through the shared store (one record per document, one batch per upload: one fsync or one
+Redis round trip); the store applies them to its state, whose hooks update this replica's indexes
+before the response is sent, so a request that follows the upload drafts from it. Other replicas
+apply the same records when they read them from Redis (typically within milliseconds).
+Reads come from the store's state and never touch the network.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Path, Request
+from starlette.concurrency import run_in_threadpool
+
+from .config import NAME_PATTERN
+from .errors import APIError, bad_request, not_found, too_large
+from .protocol import (
+    CollectionDeleted,
+    CollectionDetail,
+    CollectionList,
+    DocumentDeleted,
+    DocumentDetail,
+    DocumentsAdded,
+    DocumentsUpload,
+)
+from .routing import ERRORS, namespace, service_of
+from .service import GatewayService
+from .store import (
+    AddDocument,
+    AppendAck,
+    BufferFullError,
+    DeleteCollection,
+    DeleteDocument,
+    Record,
+    StoreError,
+)
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+CollectionName = Annotated[str, Path(pattern=NAME_PATTERN, description="collection name")]
+DocumentId = Annotated[str, Path(min_length=1, max_length=256, description="document id")]
+Namespace = Annotated[str, Depends(namespace)]
+
+
+def _append(service: GatewayService, records: list[Record]) -> list[AppendAck]:
+    try:
+        return service.store.append_many(records)
+    except BufferFullError as exc:
+        raise APIError(503, f"the shared store is unreachable and this replica's write buffer is full: "
+                            f"{exc}", code="store_unavailable", headers={"Retry-After": "5"}) from None
+    except StoreError as exc:
+        raise APIError(503, f"the shared store rejected the write: {exc}", code="store_unavailable",
+                       headers={"Retry-After": "5"}) from None
+
+
+def _build_records(service: GatewayService, ns: str, name: str, body: DocumentsUpload) -> list[Record]:
+    tokenizer = service.tokenizer
+    records: list[Record] = []
+    for doc in body.documents:
+        ids = np.asarray(tokenizer.encode(doc.text, add_special_tokens=False), dtype=np.int32)
+        records.append(AddDocument(ns, name, doc.id, doc.text, ids, doc.metadata))
+    return records
+
+
+@router.post("/v1/collections/{name}/documents", response_model=DocumentsAdded,
+             responses=ERRORS(400, 401, 413, 503))
+async def add_documents(request: Request, name: CollectionName, body: DocumentsUpload, ns: Namespace) -> Any:
+    """Add (or replace, by id) a batch of documents; the collection is created on first use."""
+    service = service_of(request)
+    limits = service.config.limits
+    if len(body.documents) > limits.max_documents_per_request:
+        raise too_large(f"at most {limits.max_documents_per_request} documents per request", "documents")
+    seen: set[str] = set()
+    for i, doc in enumerate(body.documents):
+        if len(doc.text.encode()) > limits.max_document_bytes:
+            raise too_large(f"document {doc.id!r} is over the limit of {limits.max_document_bytes} bytes",
+                            f"documents[{i}].text")
+        if doc.id in seen:
+            raise bad_request(f"document id {doc.id!r} appears twice in this batch", f"documents[{i}].id")
+        seen.add(doc.id)
+    records = await run_in_threadpool(_build_records, service, ns, name, body)
+    acks = await run_in_threadpool(_append, service, records)
+    return {
+        "object": "collection.documents",
+        "collection": name,
+        "added": len(records),
+        "documents": [{"id": r.doc_id, "token_count": len(r.tokens), "metadata": dict(r.metadata)}
+                      for r in records if isinstance(r, AddDocument)],
+        "buffered": any(a.buffered for a in acks),
+    }
+
+
+@router.get("/v1/collections", response_model=CollectionList, responses=ERRORS(401))
+async def list_collections(request: Request, ns: Namespace) -> Any:
+    infos = service_of(request).store.state.list_collections(ns)
+    return {"object": "list", "data": [{"object": "collection", "name": c.name,
+                                        "document_count": c.document_count, "token_count": c.token_count}
+                                       for c in infos]}
+
+
+@router.get("/v1/collections/{name}", response_model=CollectionDetail, responses=ERRORS(400, 401, 404))
+async def get_collection(request: Request, name: CollectionName, ns: Namespace) -> Any:
+    state = service_of(request).store.state
+    info = state.get_collection(ns, name)
+    if info is None:
+        raise not_found(f"no collection named {name!r}", "name", "collection_not_found")
+    docs = state.list_documents(ns, name)
+    return {"object": "collection", "name": name, "document_count": info.document_count,
+            "token_count": info.token_count,
+            "documents": [{"id": d.doc_id, "token_count": d.token_count, "metadata": dict(d.metadata)}
+                          for d in docs]}
+
+
+@router.get("/v1/collections/{name}/documents/{doc_id:path}", response_model=DocumentDetail,
+            responses=ERRORS(400, 401, 404))
+async def get_document(request: Request, name: CollectionName, doc_id: DocumentId, ns: Namespace) -> Any:
+    doc = service_of(request).store.state.get_document(ns, name, doc_id)
+    if doc is None:
+        raise not_found(f"no document {doc_id!r} in collection {name!r}", "doc_id", "document_not_found")
+    return {"object": "collection.document", "collection": name, "id": doc.doc_id,
+            "token_count": doc.token_count, "metadata": dict(doc.metadata), "text": doc.text}
+
+
+@router.delete("/v1/collections/{name}/documents/{doc_id:path}", response_model=DocumentDeleted,
+               responses=ERRORS(400, 401, 404, 503))
+async def delete_document(request: Request, name: CollectionName, doc_id: DocumentId, ns: Namespace) -> Any:
+    service = service_of(request)
+    if not service.store.state.has_document(ns, name, doc_id):
+        raise not_found(f"no document {doc_id!r} in collection {name!r}", "doc_id", "document_not_found")
+    await run_in_threadpool(_append, service, [DeleteDocument(ns, name, doc_id)])
+    return {"object": "collection.document.deleted", "collection": name, "id": doc_id, "deleted": True}
+
+
+@router.delete("/v1/collections/{name}", response_model=CollectionDeleted,
+               responses=ERRORS(400, 401, 404, 503))
+async def delete_collection(request: Request, name: CollectionName, ns: Namespace) -> Any:
+    service = service_of(request)
+    if service.store.state.get_collection(ns, name) is None:
+        raise not_found(f"no collection named {name!r}", "name", "collection_not_found")
+    await run_in_threadpool(_append, service, [DeleteCollection(ns, name)])
+    return {"object": "collection.deleted", "name": name, "deleted": True}

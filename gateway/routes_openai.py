@@ -1,0 +1,129 @@
+"""OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
+
+Thin: validate (pydantic), plan on a thread-pool thread (``planning``), queue (``GatewayService.submit``:
+429 when full), then answer with one JSON body or an SSE stream (``streaming``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from .errors import not_found
+from .planning import plan_chat, plan_completion
+from .protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from .routing import ERRORS, namespace, service_of
+from .service import GatewayService
+from .streaming import Kind, collect, new_id, speculation, sse_events, usage
+
+__all__ = ["router"]
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+# With stream=true: Server-Sent Events, each event's data a JSON chunk (CompletionChunk / ChatChunk, or
+# {"error": ...}), then "[DONE]". Described per event, as SSE-aware tools validate it.
+_STREAM = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"], "properties": {"data": {"type": "string"}},
+    "description": "one SSE event: data is a JSON CompletionChunk / ChatChunk or {\"error\": ...}, "
+                   "and the last event's data is [DONE]"}}}
+_GEN_ERRORS = ERRORS(400, 401, 404, 413, 429, 503, 504)
+_seen_unknown: set[str] = set()
+
+
+def _log_unknown_fields(body: CompletionRequest | ChatCompletionRequest) -> None:
+    extra = sorted((body.model_extra or {}).keys())
+    if extra:
+        new = [k for k in extra if k not in _seen_unknown]
+        _seen_unknown.update(new)
+        # Warn once per field name, then keep a debug trail.
+        (log.warning if new else log.debug)("ignoring unknown request fields: %s", ", ".join(extra))
+
+
+def _model_card(service: GatewayService) -> dict[str, Any]:
+    return ModelCard(id=service.config.model_name, created=int(service.started_at),
+                     max_model_len=service.context_window).model_dump()
+
+
+@router.get("/v1/models", response_model=ModelList, responses=ERRORS(401))
+async def list_models(request: Request, _: Annotated[str, Depends(namespace)]) -> Any:
+    return {"object": "list", "data": [_model_card(service_of(request))]}
+
+
+@router.get("/v1/models/{model:path}", response_model=ModelCard, responses=ERRORS(401, 404))
+async def get_model(request: Request, model: Annotated[str, Path()],
+                    _: Annotated[str, Depends(namespace)]) -> Any:
+    service = service_of(request)
+    if model != service.config.model_name:
+        raise not_found(f"the model {model!r} does not exist", "model", "model_not_found")
+    return _model_card(service)
+
+
+async def _generate(request: Request, body: CompletionRequest | ChatCompletionRequest, ns: str,
+                    kind: Kind) -> Any:
+    arrived = time.perf_counter()
+    service = service_of(request)
+    _log_unknown_fields(body)
+    if body.model != service.config.model_name:
+        raise not_found(f"the model {body.model!r} does not exist; this server serves "
+                        f"{service.config.model_name!r}", "model", "model_not_found")
+    if isinstance(body, ChatCompletionRequest):
+        job = await run_in_threadpool(plan_chat, service, body, ns, arrived)
+    else:
+        job = await run_in_threadpool(plan_completion, service, body, ns, arrived)
+    ticket = service.submit(job, asyncio.get_running_loop())
+    model = service.config.model_name
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(sse_events(ticket, kind, model, include_usage),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    done = await collect(request, ticket)
+    choices = []
+    for index in sorted(done.finished):
+        text = "".join(done.texts.get(index, ()))
+        finish = done.finished[index].finish_reason
+        if kind == "chat":
+            choices.append({"index": index, "message": {"role": "assistant", "content": text},
+                            "logprobs": None, "finish_reason": finish})
+        else:
+            choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": finish})
+    finished = list(done.finished.values())
+    return JSONResponse({
+        "id": new_id(kind),
+        "object": "chat.completion" if kind == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage(job.prompt_tokens, sum(f.completion_tokens for f in finished)),
+        "speculation": speculation([f.stats for f in finished]),
+    })
+
+
+@router.post("/v1/completions", response_model=CompletionResponse,
+             responses={**_GEN_ERRORS, 200: {"content": _STREAM}})
+async def completions(request: Request, body: CompletionRequest,
+                      ns: Annotated[str, Depends(namespace)]) -> Any:
+    """Text completion (OpenAI's legacy endpoint), plus the ``lookup`` extension."""
+    return await _generate(request, body, ns, "completion")
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+             responses={**_GEN_ERRORS, 200: {"content": _STREAM}})
+async def chat_completions(request: Request, body: ChatCompletionRequest,
+                           ns: Annotated[str, Depends(namespace)]) -> Any:
+    """Chat completion, plus the ``lookup`` extension."""
+    return await _generate(request, body, ns, "chat")

@@ -1,0 +1,39 @@
+"""Small helpers the route modules share: the service, the caller's namespace, error docs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+from .protocol import ErrorResponse
+from .service import GatewayService
+
+__all__ = ["ERRORS", "namespace", "service_of"]
+
+_DESCRIPTIONS = {
+    400: "invalid request (param names the offending field)",
+    401: "missing or invalid API key",
+    404: "unknown model, collection, document or route",
+    413: "request or document over a size limit",
+    429: "queue full; retry after Retry-After seconds",
+    503: "shutting down, engine unavailable, or the shared store's buffer is full",
+    504: "the request's deadline passed",
+}
+
+
+def ERRORS(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error status codes (all OpenAI-shaped)."""
+    return {code: {"model": ErrorResponse, "description": _DESCRIPTIONS[code]} for code in codes}
+
+
+def service_of(request: Request) -> GatewayService:
+    return request.app.state.service
+
+
+def namespace(request: Request) -> str:
+    """Dependency: the caller's namespace, set by ``middleware.AuthMiddleware``."""
+    ns = request.scope.get("state", {}).get("namespace")
+    if ns is None:  # a route outside /v1 that asked for a namespace: the default one
+        return service_of(request).config.default_namespace
+    return ns

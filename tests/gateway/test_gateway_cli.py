@@ -1,0 +1,62 @@
+"""`lookupspec serve` configuration: every flag has an environment variable; bad values are clear
+errors before anything is loaded."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from lookupspec.gateway.config import GatewayConfig, parse_api_keys
+
+from lookupspec.commands import serve
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_every_setting_comes_from_the_environment_too(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    env = {"LOOKUPSPEC_MODEL": "/models/m", "LOOKUPSPEC_DRAFT_MODEL": "/models/d",
+           "LOOKUPSPEC_HOST": "0.0.0.0", "LOOKUPSPEC_PORT": "9001", "LOOKUPSPEC_DATA_DIR": str(tmp_path),
+           "LOOKUPSPEC_REDIS_URL": "redis://r:1/0", "LOOKUPSPEC_API_KEYS": "k1:alpha, k2:beta",
+           "LOOKUPSPEC_MAX_QUEUE": "3", "LOOKUPSPEC_REQUEST_TIMEOUT": "12.5", "LOOKUPSPEC_DRAIN_TIMEOUT": "4",
+           "LOOKUPSPEC_MAX_MODEL_LEN": "512"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    args = parse()
+    assert (args.model, args.draft_model, args.host, args.port) == ("/models/m", "/models/d", "0.0.0.0", 9001)
+    assert (args.data_dir, args.redis_url, args.max_queue) == (tmp_path, "redis://r:1/0", 3)
+    assert (args.request_timeout, args.drain_timeout, args.max_model_len) == (12.5, 4.0, 512)
+    assert args.api_keys is None and args.env_api_keys == ["k1:alpha", "k2:beta"]
+    # flags win over the environment
+    args = parse("--max-queue", "7", "--api-key", "k9:gamma")
+    assert args.max_queue == 7 and args.api_keys == ["k9:gamma"]
+
+
+def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("LOOKUPSPEC_REDIS_URL", "LOOKUPSPEC_API_KEYS", "LOOKUPSPEC_MAX_QUEUE", "LOOKUPSPEC_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    args = parse()
+    assert args.redis_url is None and args.api_keys is None and args.env_api_keys == []
+    assert args.max_queue == 64 and args.port == 8000
+
+
+def test_api_keys_map_to_namespaces() -> None:
+    assert parse_api_keys(["sk:a:b:team-1", "k2:team-2"]) == {"sk:a:b": "team-1", "k2": "team-2"}
+    for bad in (["nokey"], [":ns"], ["k:"], ["k:bad namespace"], ["k:a", "k:b"]):
+        with pytest.raises(ValueError):
+            parse_api_keys(bad)
+    assert not GatewayConfig(model_name="m").auth_required
+
+
+def test_a_bad_api_key_flag_is_an_error_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    assert serve.run(parse("--api-key", "missing-namespace", "--model", "./does-not-exist")) == 2
+    assert "KEY:NAMESPACE" in capsys.readouterr().err
+
+
+def test_a_bad_environment_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOKUPSPEC_MAX_QUEUE", "lots")
+    with pytest.raises(SystemExit, match="LOOKUPSPEC_MAX_QUEUE"):
+        parse()
