@@ -249,7 +249,7 @@ class Engine:
         if speculate and self.draft_model is not None and "draft_model" in spec.sources:
             from lookupspec.drafting.draft_model import DraftModelDrafter
 
-            dm = DraftModelDrafter(self.draft_model, capacity=cache.layers[0]._capacity_hint)
+            dm = DraftModelDrafter(self.draft_model, capacity=cache.capacity)
 
         L = len(context)  # cache length; the next token lands at index L
         token = int(select_tokens(logits, sampling, torch.tensor([L])).item())

@@ -40,10 +40,12 @@ class BufferedLayer(DynamicLayer):
         self.is_initialized = True
         self._refresh()
 
-    def _refresh(self) -> None:
+    def _refresh(self) -> tuple[torch.Tensor, torch.Tensor]:
         assert self._kbuf is not None and self._vbuf is not None
-        self.keys = self._kbuf[:, :, : self._len]
-        self.values = self._vbuf[:, :, : self._len]
+        keys = self._kbuf[:, :, : self._len]
+        values = self._vbuf[:, :, : self._len]
+        self.keys, self.values = keys, values
+        return keys, values
 
     def _ensure(self, needed: int) -> None:
         assert self._kbuf is not None and self._vbuf is not None
@@ -69,8 +71,7 @@ class BufferedLayer(DynamicLayer):
         self._kbuf[:, :, self._len : self._len + n].copy_(key_states)
         self._vbuf[:, :, self._len : self._len + n].copy_(value_states)
         self._len += n
-        self._refresh()
-        return self.keys, self.values
+        return self._refresh()
 
     def get_seq_length(self) -> int:
         return self._len
@@ -98,7 +99,9 @@ class KVCache(Cache):
     """A transformers ``Cache`` made of :class:`BufferedLayer` (full-attention models only)."""
 
     def __init__(self, num_layers: int, capacity: int = 512) -> None:
-        super().__init__(layers=[BufferedLayer(capacity) for _ in range(num_layers)])
+        self.buffered = [BufferedLayer(capacity) for _ in range(num_layers)]
+        self.capacity = capacity
+        super().__init__(layers=list(self.buffered))
 
     @classmethod
     def for_model(cls, model: Any, capacity: int = 512) -> KVCache:
@@ -111,8 +114,8 @@ class KVCache(Cache):
 
     @property
     def length(self) -> int:
-        return self.layers[0].get_seq_length() if self.layers else 0
+        return self.buffered[0].get_seq_length() if self.buffered else 0
 
     def truncate(self, length: int) -> None:
-        for layer in self.layers:
-            layer.truncate(length)  # type: ignore[attr-defined]
+        for layer in self.buffered:
+            layer.truncate(length)

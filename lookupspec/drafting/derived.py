@@ -35,7 +35,7 @@ def _truncated(model: Any, k: int) -> Any:
     """A view of ``model`` with only its first ``k`` decoder layers (weights shared, not copied)."""
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
-    if layers is None:
+    if inner is None or layers is None:
         raise ValueError("self:layers=K needs a decoder with a .model.layers list (llama/qwen2-style)")
     total = len(layers)
     if not 1 <= k < total:
