@@ -317,7 +317,6 @@ def _wait_for_outputs(server: Gateway, count: int) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.xfail(strict=False, reason="needs the speculative engine (lookup drafting) to accept drafts")
 def test_namespaces_never_draft_from_each_others_outputs_or_documents(
         server: Gateway, alpha: httpx.Client, beta: httpx.Client, text_engine) -> None:
     prompt = text_engine.encode_prompt(prompt="Isolation check: the namespace alpha writes")

@@ -81,7 +81,6 @@ def test_a_collection_written_through_a_is_visible_on_b_within_a_second(cluster:
         assert r.status_code == 200, r.text
 
 
-@pytest.mark.xfail(strict=False, reason="needs the speculative engine (corpus drafting) to accept drafts")
 def test_b_drafts_from_a_collection_written_through_a(cluster: Cluster, text_engine) -> None:
     prompt = text_engine.encode_prompt(prompt="Cross-replica drafting: replica B reads")
     expected = text_engine.complete(prompt_ids=prompt, max_tokens=48, temperature=0.0)
