@@ -127,8 +127,11 @@ class GatewayService:
             if not self.worker_alive:
                 self.metrics.rejected.labels(reason="engine_unavailable").inc()
                 raise APIError(503, "the generation worker is not running", code="engine_unavailable")
-            busy = self._running is not None or bool(self._queue)
-            if busy and len(self._queue) >= self.config.max_queue:
+            # Capacity is one running job plus max_queue waiting ones. Count a job the worker has
+            # not picked up yet as the running one when the worker is idle: otherwise admission
+            # would depend on how fast the worker thread wakes up (a race under load).
+            waiting = len(self._queue) - (0 if self._running is not None else 1)
+            if waiting >= self.config.max_queue:
                 self.metrics.rejected.labels(reason="queue_full").inc()
                 retry = max(1, math.ceil(self._job_seconds * (len(self._queue) + 1)))
                 raise APIError(429, f"the server is busy ({len(self._queue)} requests waiting); "
