@@ -19,9 +19,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from lookupspec.index import CorpusStore
 from lookupspec.params import SpecParams
 
 from .errors import APIError, bad_request, not_found, too_large
@@ -90,14 +87,7 @@ def _lookup(service: GatewayService, namespace: str, lookup: LookupOptions | Non
                         "lookup.documents")
     inline = None
     if lk.documents and spec.enabled and "corpus" in spec.sources:
-        docs = []
-        for i, text in enumerate(lk.documents):
-            ids = service.tokenizer.encode(text, add_special_tokens=False)
-            if ids:
-                docs.append((f"inline-{i}", np.asarray(ids, dtype=np.int32)))
-        if docs:
-            inline = CorpusStore()
-            inline.add_documents(docs)
+        inline = service.text_engine.corpus_from_texts(lk.documents)
     scope = service.indexes.scope(namespace, spec.collections, inline,
                                   output=spec.enabled and "output" in spec.sources)
     return spec, scope

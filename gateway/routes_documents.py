@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, Path, Request
 from starlette.concurrency import run_in_threadpool
 
@@ -59,12 +58,9 @@ def _append(service: GatewayService, records: list[Record]) -> list[AppendAck]:
 
 
 def _build_records(service: GatewayService, ns: str, name: str, body: DocumentsUpload) -> list[Record]:
-    tokenizer = service.tokenizer
-    records: list[Record] = []
-    for doc in body.documents:
-        ids = np.asarray(tokenizer.encode(doc.text, add_special_tokens=False), dtype=np.int32)
-        records.append(AddDocument(ns, name, doc.id, doc.text, ids, doc.metadata))
-    return records
+    tokenized = service.text_engine.corpus_documents([(doc.id, doc.text) for doc in body.documents])
+    return [AddDocument(ns, name, doc.id, doc.text, ids, doc.metadata)
+            for doc, (_, ids) in zip(body.documents, tokenized, strict=True)]
 
 
 @router.post("/v1/collections/{name}/documents", response_model=DocumentsAdded,

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from fastapi import Request
 
-from lookupspec.stats import AggregateStats, RequestStats
+from lookupspec.stats import RequestStats, speculation_dict
 
 from .jobs import ChoiceFinished, JobDone, JobFailed, TextDelta, Ticket
 
@@ -37,13 +37,7 @@ def new_id(kind: Kind) -> str:
 
 def speculation(stats: Sequence[RequestStats]) -> dict[str, Any]:
     """The response's ``speculation`` object: the choices' statistics summed."""
-    agg = AggregateStats()
-    for s in stats:
-        agg.add(s)
-    d = agg.total.as_dict()
-    keys = ("steps", "draft_steps", "draft_tokens", "accepted_tokens", "acceptance_length",
-            "accepted_per_position", "draft_tokens_by_source", "accepted_tokens_by_source", "source_shares")
-    return {k: d[k] for k in keys}
+    return speculation_dict(*stats)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

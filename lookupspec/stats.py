@@ -12,7 +12,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AggregateStats", "RequestStats"]
+__all__ = ["SPECULATION_KEYS", "AggregateStats", "RequestStats", "speculation_dict"]
+
+# The statistics clients see (the gateway's ``speculation`` object, the integrations' metadata).
+SPECULATION_KEYS = ("steps", "draft_steps", "draft_tokens", "accepted_tokens", "acceptance_length",
+                    "accepted_per_position", "draft_tokens_by_source", "accepted_tokens_by_source",
+                    "source_shares")
 
 
 @dataclass
@@ -115,3 +120,12 @@ class AggregateStats:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {"requests": self.requests, **self.total.as_dict()}
+
+
+def speculation_dict(*stats: RequestStats) -> dict[str, Any]:
+    """The statistics of one or more requests, summed, as clients see them (``SPECULATION_KEYS``)."""
+    agg = AggregateStats()
+    for s in stats:
+        agg.add(s)
+    d = agg.total.as_dict()
+    return {k: d[k] for k in SPECULATION_KEYS}

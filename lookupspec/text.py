@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from lookupspec.detokenize import TextStream
 from lookupspec.engine import Engine
 from lookupspec.models import (
@@ -98,6 +100,23 @@ class TextEngine:
         if prompt is not None:
             return list(self.tokenizer.encode(prompt, add_special_tokens=True))
         return [int(t) for t in prompt_ids or ()]
+
+    def corpus_documents(self, docs: Sequence[tuple[str, str]]) -> list[tuple[str, np.ndarray]]:
+        """(id, text) pairs tokenized for a :class:`~lookupspec.index.CorpusStore` (no special tokens)."""
+        return [(doc_id, np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int32))
+                for doc_id, text in docs]
+
+    def corpus_from_texts(self, texts: Sequence[str]) -> Any:
+        """A throw-away CorpusStore over inline texts (a request's ``lookup.documents``); None if empty."""
+        from lookupspec.index import CorpusStore
+
+        named = [(f"inline-{n}", text) for n, text in enumerate(texts)]
+        docs = [(doc_id, ids) for doc_id, ids in self.corpus_documents(named) if len(ids)]
+        if not docs:
+            return None
+        store = CorpusStore()
+        store.add_documents(docs)
+        return store
 
     def params(self, *, max_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                seed: int | None = None, stop_token_ids: Sequence[int] = (),

@@ -2,7 +2,7 @@
 
 Both follow tests/store/conftest.py: processes the tests start themselves on free loopback ports
 (never 6379 or any server the tests did not start), logs in the test's directory, cleaned up at the
-end. Imported by tests/gateway/conftest.py (pytest puts this directory on sys.path).
+end. Imported by the gateway and client test suites (pytest puts tests/ on sys.path).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from redis_harness import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 KEY_ALPHA, KEY_BETA = "sk-alpha-0123456789", "sk-beta-9876543210"
 MODEL = "tiny-llama"  # the tiny model the servers serve (its directory name is its id)
 

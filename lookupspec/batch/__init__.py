@@ -1,0 +1,1 @@
+"""Batch jobs over many documents (``lookupspec summarize``)."""

@@ -1,0 +1,486 @@
+"""One client API over both ways to reach lookupspec: an engine in this process, or a gateway URL.
+
+The integrations (LangChain wrapper, ``lookupspec summarize``, the RAG example) are written against
+:class:`Client`, so each works in-process and over HTTP with the same code::
+
+    client = connect("smollm2-135m-instruct")          # loads the model here
+    client = connect("http://127.0.0.1:8000", api_key="sk-...")  # talks to `lookupspec serve`
+    req = GenerationRequest(messages=[{"role": "user", "content": "Hi"}], max_tokens=64,
+                            lookup=Lookup(collections=("docs",)))
+    for delta in client.stream(req):
+        print(delta.text, end="")
+    result = client.complete(req)        # text, finish_reason, usage, speculation, timings
+
+Both report speculation statistics in the gateway's ``speculation`` vocabulary
+(:data:`lookupspec.stats.SPECULATION_KEYS`). Errors are :class:`ClientError` with the HTTP status
+and the offending parameter, also for the in-process client (status 400/404 for bad input).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = [
+    "Client",
+    "ClientError",
+    "Delta",
+    "GatewayClient",
+    "GenerationRequest",
+    "LocalClient",
+    "Lookup",
+    "Result",
+    "connect",
+]
+
+
+class ClientError(RuntimeError):
+    """A request the server (or the local engine) refused. ``status`` is the HTTP status (0: the
+    server could not be reached), ``param`` the offending request parameter when known."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Where a request may draft from (the gateway's ``lookup`` object)."""
+
+    enabled: bool = True
+    collections: tuple[str, ...] = ()
+    documents: tuple[str, ...] = ()  # inline texts to draft from for this request only
+    max_draft_tokens: int | None = None
+    sources: tuple[str, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"enabled": self.enabled}
+        if self.collections:
+            out["collections"] = list(self.collections)
+        if self.documents:
+            out["documents"] = list(self.documents)
+        if self.max_draft_tokens is not None:
+            out["max_draft_tokens"] = self.max_draft_tokens
+        if self.sources is not None:
+            out["sources"] = list(self.sources)
+        return out
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation: a plain ``prompt`` (completions) or chat ``messages``. Greedy by default."""
+
+    prompt: str | None = None
+    messages: Sequence[Mapping[str, str]] | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    lookup: Lookup = field(default_factory=Lookup)
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ClientError("pass exactly one of prompt or messages", param="messages")
+
+    def payload(self, model: str, *, stream: bool) -> dict[str, Any]:
+        """The OpenAI-style request body."""
+        body: dict[str, Any] = {
+            "model": model, "max_tokens": self.max_tokens, "temperature": self.temperature,
+            "top_p": self.top_p, "top_k": self.top_k, "stream": stream, "lookup": self.lookup.to_json(),
+        }
+        if self.seed is not None:
+            body["seed"] = self.seed
+        if self.stop:
+            body["stop"] = list(self.stop)
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if self.messages is not None:
+            body["messages"] = [dict(m) for m in self.messages]
+        else:
+            body["prompt"] = self.prompt
+        return body
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Text released by one step. The last delta of a generation has ``finish_reason`` set and carries
+    ``usage`` and ``speculation``."""
+
+    text: str
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
+    speculation: dict[str, Any] | None = None
+
+
+@dataclass
+class Result:
+    text: str
+    finish_reason: str
+    usage: dict[str, int]
+    speculation: dict[str, Any]
+    seconds: float  # request start to the last token
+    first_token_s: float | None  # request start to the first non-empty text
+
+    @property
+    def tokens_per_second(self) -> float:
+        n = self.usage.get("completion_tokens", 0)
+        return n / self.seconds if self.seconds > 0 else 0.0
+
+
+class Client:
+    """Subclasses implement :attr:`model`, :meth:`stream`, :meth:`astream` and :meth:`add_documents`."""
+
+    @property
+    def model(self) -> str:
+        """The model id requests name (the gateway's served model, or the local model spec)."""
+        raise NotImplementedError
+
+    def stream(self, request: GenerationRequest) -> Iterator[Delta]:
+        raise NotImplementedError
+
+    def astream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        raise NotImplementedError
+
+    def add_documents(self, collection: str, documents: Iterable[Mapping[str, Any]]) -> int:
+        """Index documents (``{"id", "text", "metadata"?}``) into a collection; returns how many."""
+        raise NotImplementedError
+
+    def complete(self, request: GenerationRequest) -> Result:
+        collector = _Collector()
+        for delta in self.stream(request):
+            collector.add(delta)
+        return collector.result()
+
+    async def acomplete(self, request: GenerationRequest) -> Result:
+        collector = _Collector()
+        async for delta in self.astream(request):
+            collector.add(delta)
+        return collector.result()
+
+    def close(self) -> None:
+        """Release connections (the gateway client); a no-op in-process."""
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.parts: list[str] = []
+        self.first: float | None = None
+        self.last: Delta | None = None
+
+    def add(self, delta: Delta) -> None:
+        if delta.text:
+            if self.first is None:
+                self.first = time.perf_counter() - self.start
+            self.parts.append(delta.text)
+        if delta.finish_reason is not None:
+            self.last = delta
+
+    def result(self) -> Result:
+        last = self.last or Delta("", "length")
+        return Result("".join(self.parts), last.finish_reason or "length", dict(last.usage or {}),
+                      dict(last.speculation or {}), time.perf_counter() - self.start, self.first)
+
+
+# ---- in-process ---------------------------------------------------------------------------------
+
+
+class LocalClient(Client):
+    """An engine in this process. Requests run one at a time (one engine, one KV cache); concurrent
+    callers (threads, ``asyncio`` tasks) queue on a lock. Collections live in memory; the outputs of
+    earlier requests feed the output drafter, as in the gateway."""
+
+    def __init__(self, engine: Any, *, model: str | None = None, output_cap_tokens: int = 1_000_000) -> None:
+        from lookupspec.index import OutputStore
+
+        self.engine = engine  # lookupspec.text.TextEngine
+        self._model = model or "local"
+        self._lock = threading.Lock()
+        self._collections: dict[str, Any] = {}
+        self._output = OutputStore(output_cap_tokens)
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @classmethod
+    def load(cls, model: str, **kwargs: Any) -> LocalClient:
+        """Load ``model`` (a path or a named default, see :func:`lookupspec.models.load_model`)."""
+        from lookupspec.text import TextEngine
+
+        return cls(TextEngine.load(model, **kwargs), model=model)
+
+    def add_documents(self, collection: str, documents: Iterable[Mapping[str, Any]]) -> int:
+        from lookupspec.index import CorpusStore
+
+        docs = []
+        for i, doc in enumerate(documents):
+            if not isinstance(doc.get("id"), str) or not isinstance(doc.get("text"), str):
+                raise ClientError("every document needs a string 'id' and 'text'", param=f"documents[{i}]")
+            docs.append((doc["id"], doc["text"]))
+        with self._lock:
+            store = self._collections.setdefault(collection, CorpusStore())
+            for doc_id, _ in docs:
+                store.delete_document(doc_id)  # re-adding an id replaces it, as in the gateway
+            store.add_documents(self.engine.corpus_documents(docs))
+        return len(docs)
+
+    def _plan(self, request: GenerationRequest) -> tuple[list[int], Any, Any, Any]:
+        from lookupspec.params import LookupScope, SpecParams
+
+        te = self.engine
+        lk = request.lookup
+        base: SpecParams = te.engine.default_spec
+        try:
+            spec = replace(base, enabled=base.enabled and lk.enabled,
+                           max_draft_tokens=base.max_draft_tokens if lk.max_draft_tokens is None
+                           else lk.max_draft_tokens,
+                           sources=base.sources if lk.sources is None else tuple(dict.fromkeys(lk.sources)),
+                           collections=tuple(dict.fromkeys(lk.collections)))
+            params = te.params(max_tokens=request.max_tokens, temperature=request.temperature,
+                               top_p=request.top_p, top_k=request.top_k, seed=request.seed)
+        except ValueError as exc:
+            raise ClientError(str(exc), param="lookup" if "draft" in str(exc) or "source" in str(exc)
+                              else None) from exc
+        corpora = []
+        for i, name in enumerate(spec.collections):
+            if name not in self._collections:
+                raise ClientError(f"no collection named {name!r}", status=404,
+                                  param=f"lookup.collections[{i}]", code="collection_not_found")
+            corpora.append(self._collections[name])
+        if lk.documents and spec.enabled:
+            inline = te.corpus_from_texts(lk.documents)
+            if inline is not None:
+                corpora.append(inline)
+        scope = LookupScope(corpora=tuple(corpora), output=self._output if "output" in spec.sources else None)
+        prompt_ids = te.encode_prompt(request.prompt, request.messages)
+        return prompt_ids, params, spec, scope
+
+    def stream(self, request: GenerationRequest) -> Generator[Delta, None, None]:
+        import numpy as np
+
+        from lookupspec.stats import speculation_dict
+
+        with self._lock:
+            prompt_ids, params, spec, scope = self._plan(request)
+            tokens: list[int] = []
+            for chunk in self.engine.stream_ids(prompt_ids, params, request.stop, spec=spec, scope=scope):
+                tokens.extend(chunk.token_ids)
+                if chunk.finish_reason is None:
+                    if chunk.text:
+                        yield Delta(chunk.text)
+                    continue
+                if spec.enabled and tokens:
+                    self._output.append(np.asarray(tokens, dtype=np.int32))
+                usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
+                         "total_tokens": len(prompt_ids) + len(tokens)}
+                spec_stats = speculation_dict(chunk.stats) if chunk.stats is not None else {}
+                yield Delta(chunk.text, chunk.finish_reason, usage, spec_stats)
+                return
+
+    async def astream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """Runs :meth:`stream` on a worker thread; leaving the loop early stops the generation."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue(maxsize=64)
+        cancelled = threading.Event()
+
+        def put(item: Delta | BaseException | None) -> None:
+            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+
+        def work() -> None:
+            gen = self.stream(request)
+            try:
+                for delta in gen:
+                    if cancelled.is_set():
+                        break
+                    put(delta)
+                put(None)
+            except BaseException as exc:  # handed to the consumer
+                if not cancelled.is_set():
+                    put(exc)
+            finally:
+                gen.close()
+
+        thread = threading.Thread(target=work, name="lookupspec-local", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            cancelled.set()
+            while not queue.empty():  # unblock a producer waiting on a full queue
+                queue.get_nowait()
+
+
+# ---- over HTTP ----------------------------------------------------------------------------------
+
+
+class GatewayClient(Client):
+    """A ``lookupspec serve`` gateway (or any server speaking its API). ``model`` defaults to the
+    first model ``GET /v1/models`` lists."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, model: str | None = None,
+                 timeout: float = 600.0) -> None:
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        if self.base_url.endswith("/v1"):
+            self.base_url = self.base_url[:-3]
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = headers
+        self._timeout = timeout
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        self._model = model
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            data = self._request("GET", "/v1/models")
+            models = data.get("data") or []
+            if not models:
+                raise ClientError("the gateway serves no model", status=503)
+            self._model = str(models[0]["id"])
+        return self._model
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        import httpx
+
+        try:
+            resp = self._http.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach the gateway at {self.base_url}: {exc}", status=0) from exc
+        if resp.status_code >= 400:
+            raise _http_error(resp.status_code, resp.text)
+        return resp.json()
+
+    def add_documents(self, collection: str, documents: Iterable[Mapping[str, Any]]) -> int:
+        docs = [dict(d) for d in documents]
+        if not docs:
+            return 0
+        total = 0
+        for start in range(0, len(docs), 64):  # bounded request bodies
+            data = self._request("POST", f"/v1/collections/{collection}/documents",
+                                 {"documents": docs[start:start + 64]})
+            total += len(data.get("documents", []))
+        return total
+
+    def _path(self, request: GenerationRequest) -> str:
+        return "/v1/chat/completions" if request.messages is not None else "/v1/completions"
+
+    def stream(self, request: GenerationRequest) -> Iterator[Delta]:
+        import httpx
+
+        body = request.payload(self.model, stream=True)
+        try:
+            with self._http.stream("POST", self._path(request), json=body) as resp:
+                if resp.status_code >= 400:
+                    raise _http_error(resp.status_code, resp.read().decode(errors="replace"))
+                parser = _SSE(chat=request.messages is not None)
+                for line in resp.iter_lines():
+                    yield from parser.feed(line)
+                yield from parser.finish()
+        except httpx.HTTPError as exc:
+            raise ClientError(f"gateway stream failed: {exc}", status=0) from exc
+
+    async def astream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        import httpx
+
+        model = self._model if self._model is not None else await asyncio.to_thread(lambda: self.model)
+        body = request.payload(model, stream=True)
+        try:
+            async with httpx.AsyncClient(base_url=self.base_url, headers=self._headers,
+                                         timeout=self._timeout) as http, \
+                    http.stream("POST", self._path(request), json=body) as resp:
+                if resp.status_code >= 400:
+                    raise _http_error(resp.status_code, (await resp.aread()).decode(errors="replace"))
+                parser = _SSE(chat=request.messages is not None)
+                async for line in resp.aiter_lines():
+                    for delta in parser.feed(line):
+                        yield delta
+                for delta in parser.finish():
+                    yield delta
+        except httpx.HTTPError as exc:
+            raise ClientError(f"gateway stream failed: {exc}", status=0) from exc
+
+
+def _http_error(status: int, text: str) -> ClientError:
+    try:
+        return _error_object(json.loads(text)["error"], status)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ClientError(f"HTTP {status}: {text[:500]}", status=status)
+
+
+def _error_object(err: Mapping[str, Any], status: int) -> ClientError:
+    """An OpenAI-style ``{"message", "param", "code"}`` error object as a ClientError."""
+    return ClientError(str(err.get("message")), status=status, param=err.get("param"), code=err.get("code"))
+
+
+class _SSE:
+    """Parses the gateway's event stream (one choice) into deltas; the usage chunk closes it."""
+
+    def __init__(self, *, chat: bool) -> None:
+        self.chat = chat
+        self.finish_reason: str | None = None
+        self.speculation: dict[str, Any] | None = None
+        self.done = False
+
+    def feed(self, line: str) -> Iterator[Delta]:
+        if not line.startswith("data:"):
+            return
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        event = json.loads(data)
+        if "error" in event:
+            raise _error_object(event["error"], 500)
+        for choice in event.get("choices") or ():
+            text = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = choice["finish_reason"]
+                self.speculation = choice.get("speculation") or self.speculation
+            if text:
+                yield Delta(text)
+        if event.get("usage") and not event.get("choices"):
+            self.done = True
+            yield Delta("", self.finish_reason or "length", event["usage"],
+                        event.get("speculation") or self.speculation or {})
+
+    def finish(self) -> Iterator[Delta]:
+        if not self.done:  # a server without the usage chunk
+            yield Delta("", self.finish_reason or "length", {}, self.speculation or {})
+
+
+def connect(target: Any, *, api_key: str | None = None, model: str | None = None, **kwargs: Any) -> Client:
+    """A client for ``target``: an ``http(s)://`` gateway URL, a loaded ``TextEngine``, or a model
+    spec to load in this process (``kwargs`` go to :meth:`TextEngine.load`)."""
+    if isinstance(target, Client):
+        return target
+    if isinstance(target, str) and target.startswith(("http://", "https://")):
+        return GatewayClient(target, api_key=api_key, model=model, **kwargs)
+    if isinstance(target, str):
+        return LocalClient.load(target, **kwargs)
+    return LocalClient(target, model=model)

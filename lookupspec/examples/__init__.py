@@ -1,0 +1,1 @@
+"""Runnable examples of lookupspec in a pipeline (``python -m lookupspec.examples.rag``)."""

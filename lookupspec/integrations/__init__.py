@@ -1,0 +1,1 @@
+"""Adapters from lookupspec to other libraries' interfaces (LangChain: ``lookupspec.integrations.langchain``)."""
