@@ -256,8 +256,7 @@ class LocalClient(Client):
             params = te.params(max_tokens=request.max_tokens, temperature=request.temperature,
                                top_p=request.top_p, top_k=request.top_k, seed=request.seed)
         except ValueError as exc:
-            raise ClientError(str(exc), param="lookup" if "draft" in str(exc) or "source" in str(exc)
-                              else None) from exc
+            raise ClientError(str(exc), param=_param_of(str(exc))) from exc
         corpora = []
         for i, name in enumerate(spec.collections):
             if name not in self._collections:
@@ -297,11 +296,14 @@ class LocalClient(Client):
     async def astream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Runs :meth:`stream` on a worker thread; leaving the loop early stops the generation."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue(maxsize=64)
+        queue: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()  # a step's text: small
         cancelled = threading.Event()
 
         def put(item: Delta | BaseException | None) -> None:
-            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the consumer's loop is gone
+                cancelled.set()
 
         def work() -> None:
             gen = self.stream(request)
@@ -312,10 +314,9 @@ class LocalClient(Client):
                     put(delta)
                 put(None)
             except BaseException as exc:  # handed to the consumer
-                if not cancelled.is_set():
-                    put(exc)
+                put(exc)
             finally:
-                gen.close()
+                gen.close()  # releases the engine lock
 
         thread = threading.Thread(target=work, name="lookupspec-local", daemon=True)
         thread.start()
@@ -329,8 +330,16 @@ class LocalClient(Client):
                 yield item
         finally:
             cancelled.set()
-            while not queue.empty():  # unblock a producer waiting on a full queue
-                queue.get_nowait()
+
+
+def _param_of(message: str) -> str | None:
+    """The request parameter a local validation message names ("top_p must be ..." -> "top_p")."""
+    if message.startswith("unknown lookup sources"):
+        return "lookup.sources"
+    name = message.split(" ", 1)[0]
+    if name == "max_draft_tokens":
+        return "lookup.max_draft_tokens"
+    return name if name in {"max_tokens", "temperature", "top_k", "top_p", "seed"} else None
 
 
 # ---- over HTTP ----------------------------------------------------------------------------------
