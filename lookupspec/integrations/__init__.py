@@ -1,1 +1,4 @@
-"""Adapters from lookupspec to other libraries' interfaces (LangChain: ``lookupspec.integrations.langchain``)."""
+"""Adapters from lookupspec to other libraries' interfaces.
+
+LangChain: :mod:`lookupspec.integrations.langchain`.
+"""
