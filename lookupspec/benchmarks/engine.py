@@ -23,7 +23,7 @@ from lookupspec.commands.common import add_model_arguments, positive_int
 
 __all__ = ["DEFAULT_SYSTEMS", "configure", "run"]
 
-DEFAULT_SYSTEMS = "lookupspec,hf-greedy,hf-pld,hf-assisted"
+DEFAULT_SYSTEMS = "lookupspec,lookupspec-plain,hf-greedy,hf-pld,hf-assisted"
 REFERENCE = "hf-greedy"  # exactness and the copy oracle are measured against its output
 WARMUP_TOKENS = 32  # warm-up generations are capped at this many tokens: enough to reach steady state
 # Warm-up runs on a prompt outside the measured set, so that no system (lookupspec's output cache
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lookupspec.benchmarks.oracle import copy_oracle
     from lookupspec.benchmarks.report import machine_info, markdown_summary, plot_summary, summarize
-    from lookupspec.benchmarks.systems import ForwardCounter, HFSystem, LookupspecSystem
+    from lookupspec.benchmarks.systems import LOOKUPSPEC_SYSTEMS, ForwardCounter, HFSystem, LookupspecSystem
     from lookupspec.drafting.derived import derive_draft, is_derived_spec
     from lookupspec.models import ModelLoadError, check_same_tokenizer, eos_token_ids, load_model, render_chat
 
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     counter = ForwardCounter(target.model)
     runners: dict[str, Any] = {}
     for name in systems:
-        runners[name] = (LookupspecSystem(target, draft, eos) if name == "lookupspec"
+        runners[name] = (LookupspecSystem(target, draft, eos, name) if name in LOOKUPSPEC_SYSTEMS
                          else HFSystem(name, target, eos, counter, draft))
 
 

@@ -6,6 +6,8 @@ request: from asking for the first token (prefill included) to receiving the las
 
 - ``lookupspec``: :class:`lookupspec.engine.Engine`, built by :func:`build_lookupspec_engine` (the one
   place to adjust when the engine's constructor changes); target forwards come from its statistics.
+- ``lookupspec-plain``: the same engine with speculation off, to separate what the packed linear
+  layers give from what drafting gives.
 - ``hf-greedy``: ``model.generate(do_sample=False)``, the exactness reference.
 - ``hf-pld``: prompt lookup decoding, ``generate(prompt_lookup_num_tokens=10)``.
 - ``hf-assisted``: assisted generation, ``generate(assistant_model=<the draft model>)``.
@@ -27,6 +29,7 @@ from lookupspec.params import LOOKUP_SOURCES, GenerationParams, SpecParams
 
 __all__ = [
     "HF_SYSTEMS",
+    "LOOKUPSPEC_SYSTEMS",
     "SYSTEMS",
     "ForwardCounter",
     "HFSystem",
@@ -36,7 +39,8 @@ __all__ = [
 ]
 
 HF_SYSTEMS = ("hf-greedy", "hf-pld", "hf-assisted")
-SYSTEMS = ("lookupspec", *HF_SYSTEMS)
+LOOKUPSPEC_SYSTEMS = ("lookupspec", "lookupspec-plain")
+SYSTEMS = (*LOOKUPSPEC_SYSTEMS, *HF_SYSTEMS)
 PLD_TOKENS = 10  # prompt_lookup_num_tokens for hf-pld (the value the issue's targets refer to)
 
 
@@ -68,23 +72,41 @@ class ForwardCounter:
         self._handle.remove()
 
 
-def build_lookupspec_engine(target: LoadedModel, draft: LoadedModel | None) -> tuple[Any, SpecParams]:
-    """The engine and per-request speculation settings the ``lookupspec`` system benchmarks: lookups
-    always, the draft model when one is given; the cost model is seeded by a warm-up."""
+def build_lookupspec_engine(target: LoadedModel, draft: LoadedModel | None, *,
+                            speculate: bool = True) -> tuple[Any, SpecParams]:
+    """The engine and per-request speculation settings a ``lookupspec`` system benchmarks: lookups
+    always, the draft model when one is given; the cost model is seeded by a warm-up. The engine
+    runs on its own copy of the models with oneDNN-packed linear layers (as ``TextEngine.load``
+    serves them); the HF systems keep the stock model."""
+    import copy
+
+    from lookupspec.cpu_linear import pack_linears
     from lookupspec.engine import Engine
 
-    engine = Engine(target.model, context_window=target.context_window,
-                    draft_model=None if draft is None else draft.model)
+    model = copy.deepcopy(target.model)
+    pack_linears(model)
+    draft_model = None
+    if draft is not None and speculate:
+        draft_model = copy.deepcopy(draft.model)
+        pack_linears(draft_model)
+    engine = Engine(model, context_window=target.context_window, draft_model=draft_model)
     engine.warmup()
+    if not speculate:
+        return engine, SpecParams(enabled=False)
     spec = SpecParams() if draft is not None else SpecParams(sources=LOOKUP_SOURCES)
     return engine, spec
 
 
 class LookupspecSystem:
-    name = "lookupspec"
+    """``lookupspec``: the engine with speculation; ``lookupspec-plain``: the same engine decoding
+    one token per forward (what the packed kernels alone give, without drafting)."""
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None, eos_ids: Sequence[int]) -> None:
-        self.engine, self.spec = build_lookupspec_engine(target, draft)
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None, eos_ids: Sequence[int],
+                 name: str = "lookupspec") -> None:
+        if name not in LOOKUPSPEC_SYSTEMS:
+            raise ValueError(f"unknown lookupspec system {name!r}")
+        self.name = name
+        self.engine, self.spec = build_lookupspec_engine(target, draft, speculate=name == "lookupspec")
         self.eos_ids = tuple(eos_ids)
         self.uses_draft_model = "draft_model" in self.spec.sources and self.spec.enabled
 

@@ -15,6 +15,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weights and compute dtype [env LOOKUPSPEC_DTYPE]")
     parser.add_argument("--device", default=os.environ.get("LOOKUPSPEC_DEVICE", "cpu"),
                         help="cpu or cuda[:N] [env LOOKUPSPEC_DEVICE]")
+    parser.add_argument("--no-packed-linear", dest="packed_linear", action="store_false",
+                        default=os.environ.get("LOOKUPSPEC_PACKED_LINEAR", "1") not in ("0", "false", "no"),
+                        help="on CPU float32, keep PyTorch's own linear layers instead of oneDNN-prepacked "
+                             "weights (slower; for comparison) [env LOOKUPSPEC_PACKED_LINEAR=0]")
 
 
 def positive_int(text: str) -> int:

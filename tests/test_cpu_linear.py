@@ -1,0 +1,58 @@
+"""oneDNN-packed linear layers compute what nn.Linear computes (up to float32 summation order), at
+every row count decoding uses, and a packed tiny model decodes the same tokens as the stock one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lookupspec.cpu_linear import PackedLinear, pack_linears, packing_available
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 64), (3, 64), (1, 7, 64), (2, 33, 64), (1, 300, 64)])
+def test_packed_linear_matches_nn_linear(shape, bias) -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 96, bias=bias)
+    packed = PackedLinear(lin)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        want, got = lin(x), packed(x)
+        strided = packed(torch.randn(shape[-1], *shape[:-1]).movedim(0, -1))  # non-contiguous input
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert strided.shape == want.shape
+
+
+def test_pack_linears_replaces_every_linear_but_keeps_embeddings(tiny_models) -> None:
+    from lookupspec.models import load_model
+
+    loaded = load_model(str(tiny_models["tiny-llama"]))
+    model = loaded.model
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    embed = model.get_input_embeddings().weight
+    assert pack_linears(model) == n_linear > 0
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert model.get_input_embeddings().weight is embed  # a tied LM head is packed as a copy
+    assert pack_linears(model) == 0  # idempotent
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_packed_model_logits_and_greedy_tokens_match_the_stock_model(tiny_models, name) -> None:
+    from lookupspec.engine import Engine
+    from lookupspec.models import load_model
+    from lookupspec.params import GenerationParams, SpecParams
+
+    stock = load_model(str(tiny_models[name])).model
+    packed = load_model(str(tiny_models[name])).model
+    pack_linears(packed)
+    ids = torch.arange(3, 40)[None, :]
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(ids).logits, stock(ids).logits, rtol=1e-4, atol=1e-4)
+    params = GenerationParams(max_tokens=48, ignore_eos=True)
+    prompt = list(range(5, 30))
+    runs = [[t for s in Engine(m).generate(prompt, params, spec=SpecParams(enabled=False)) for t in s.tokens]
+            for m in (stock, packed)]
+    assert runs[0] == runs[1]
