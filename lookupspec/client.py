@@ -242,6 +242,7 @@ class LocalClient(Client):
         return len(docs)
 
     def _plan(self, request: GenerationRequest) -> tuple[list[int], Any, Any, Any]:
+        from lookupspec.models import ModelLoadError
         from lookupspec.params import LookupScope, SpecParams
 
         te = self.engine
@@ -268,7 +269,11 @@ class LocalClient(Client):
             if inline is not None:
                 corpora.append(inline)
         scope = LookupScope(corpora=tuple(corpora), output=self._output if "output" in spec.sources else None)
-        prompt_ids = te.encode_prompt(request.prompt, request.messages)
+        try:
+            prompt_ids = te.encode_prompt(request.prompt, request.messages)
+        except (ValueError, ModelLoadError) as exc:  # e.g. a tokenizer without a chat template
+            param = "messages" if request.messages is not None else "prompt"
+            raise ClientError(str(exc), param=param) from exc
         return prompt_ids, params, spec, scope
 
     def stream(self, request: GenerationRequest) -> Generator[Delta, None, None]:

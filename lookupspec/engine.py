@@ -258,10 +258,11 @@ class Engine:
         context.extend(kept)
         if session is not None:
             session.extend(kept)
-        yield StepOutput(tuple(kept), reason, stats=stats)
-        if reason is not None:
+        if reason is not None:  # recorded before the last yield: a consumer may close the generator there
             self._finish(stats, session)
+            yield StepOutput(tuple(kept), reason, stats=stats)
             return
+        yield StepOutput(tuple(kept), reason, stats=stats)
         root = token
         while True:
             # nodes may not reach past max_tokens (the bonus token is always emitted) or the window
@@ -291,10 +292,11 @@ class Engine:
             context.extend(kept)
             if session is not None:
                 session.extend(kept)
-            yield StepOutput(tuple(kept), reason, n, accepted, stats)
             if reason is not None:
                 self._finish(stats, session)
+                yield StepOutput(tuple(kept), reason, n, accepted, stats)
                 return
+            yield StepOutput(tuple(kept), reason, n, accepted, stats)
             L += 1 + accepted
             root = result.next_token
 

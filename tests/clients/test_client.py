@@ -118,3 +118,12 @@ def test_unreachable_gateway_is_a_client_error_with_status_0() -> None:
         c.complete(GenerationRequest(prompt="x", max_tokens=2))
     c.close()
     assert err.value.status == 0
+
+
+def test_in_process_requests_are_counted_in_the_engine_aggregate(local_client) -> None:
+    """The engine records a request before its last step is handed out: a consumer that stops at
+    finish_reason (as every client does) must not lose it."""
+    aggregate = local_client.engine.engine.aggregate
+    before = aggregate.requests
+    local_client.complete(GenerationRequest(prompt="Counted", max_tokens=3))
+    assert aggregate.requests == before + 1
