@@ -18,6 +18,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("lookupspec.commands.serve", "start the HTTP gateway (OpenAI-compatible API)"),
     "generate": ("lookupspec.commands.generate", "generate text for one prompt, streamed to the terminal"),
+    "summarize": ("lookupspec.commands.summarize", "summarize many documents (JSONL or a folder), resumably"),
     "pull": ("lookupspec.commands.pull", "fetch and convert a named default model into the local cache"),
     "bench": ("lookupspec.benchmarks.engine", "end-to-end decode benchmark against Hugging Face peers"),
     "bench-index": ("lookupspec.benchmarks.index", "lookup-store latency, build speed and memory benchmark"),

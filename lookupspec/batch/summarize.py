@@ -1,0 +1,185 @@
+"""The summarization job: documents in, one JSON line per finished document out.
+
+In-process (a :class:`~lookupspec.client.LocalClient`) documents run one after another in the main
+thread: the engine serves one request at a time anyway. Over a gateway a bounded pool of
+``concurrency`` daemon threads keeps that many requests in flight; results are written by the main
+thread only, in finishing order. Each record::
+
+    {"id": "a", "summary": "...", "finish_reason": "stop", "model": "...",
+     "usage": {"prompt_tokens", "completion_tokens", "total_tokens"},
+     "speculation": {"steps", "acceptance_length", ...},          # lookupspec.stats.SPECULATION_KEYS
+     "timings": {"total_s", "first_token_s", "decode_s", "tokens_per_second"}}
+
+``decode_s`` runs from the first text to the last token (``total_s - first_token_s``). A document that
+fails is reported and left out of the file, so a rerun tries it again. Errors that would fail every
+document (gateway unreachable, unknown model or collection, bad API key) stop the job: :class:`FatalError`.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lookupspec.batch.inputs import BadInput, Document
+from lookupspec.batch.interrupts import Interrupts
+from lookupspec.batch.outputs import OutputFile
+from lookupspec.batch.prompt import DEFAULT_TEMPLATE, PromptTemplate
+from lookupspec.batch.report import JobReport
+from lookupspec.client import Client, ClientError, GenerationRequest, LocalClient, Lookup, Result
+
+__all__ = ["FatalError", "JobConfig", "plan", "run_job", "summarize_one"]
+
+_FATAL_STATUS = (0, 401, 403, 404)  # unreachable, unauthorised, unknown model or collection
+_RETRY_STATUS = (0, 429, 503)  # queue full, draining, connection refused: worth a few more tries
+
+
+class FatalError(RuntimeError):
+    """An error that would fail every document; the job stops."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    max_tokens: int = 256
+    template: PromptTemplate = DEFAULT_TEMPLATE
+    collection: str | None = None
+    concurrency: int = 1
+    strict: bool = False
+    limit: int | None = None
+    retries: int = 3
+    progress: bool = False
+    log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr), compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1 or self.concurrency < 1 or (self.limit is not None and self.limit < 0):
+            raise ValueError("max_tokens and concurrency must be >= 1, limit >= 0")
+
+
+def plan(items: Iterable[Document | BadInput], done: set[str], config: JobConfig,
+         report: JobReport) -> list[Document]:
+    """The documents still to summarize, in input order; bad entries go to the report (and the log).
+    With ``strict``, the first bad entry raises FatalError before any document is summarized."""
+    pending: list[Document] = []
+    for item in items:
+        if isinstance(item, BadInput):
+            if config.strict:
+                raise FatalError(f"bad input (--strict): {item}")
+            config.log(f"skipping bad input: {item}")
+            report.bad_inputs.append(item)
+        elif item.id in done:
+            report.skipped_done += 1
+        else:
+            pending.append(item)
+    return pending if config.limit is None else pending[:config.limit]
+
+
+def summarize_one(client: Client, doc: Document, config: JobConfig) -> dict[str, Any]:
+    """One document's record (see the module docstring); retries transient gateway errors."""
+    lookup = Lookup(collections=(config.collection,) if config.collection else ())
+    request = GenerationRequest(messages=config.template.messages(doc.text), max_tokens=config.max_tokens,
+                                lookup=lookup)
+    for attempt in range(config.retries + 1):
+        try:
+            result = client.complete(request)
+            break
+        except ClientError as exc:
+            if exc.status not in _RETRY_STATUS or attempt == config.retries:
+                raise
+            time.sleep(0.5 * 2**attempt)
+    return _record(doc, result, client.model)
+
+
+def _record(doc: Document, result: Result, model: str) -> dict[str, Any]:
+    first = result.first_token_s
+    return {
+        "id": doc.id, "summary": result.text.strip(), "finish_reason": result.finish_reason, "model": model,
+        "usage": result.usage, "speculation": result.speculation,
+        "timings": {"total_s": round(result.seconds, 4),
+                    "first_token_s": None if first is None else round(first, 4),
+                    "decode_s": None if first is None else round(max(result.seconds - first, 0.0), 4),
+                    "tokens_per_second": round(result.tokens_per_second, 2)},
+    }
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    from lookupspec.models import ModelLoadError  # e.g. a tokenizer without a chat template
+
+    return (isinstance(exc, ClientError) and exc.status in _FATAL_STATUS) or isinstance(exc, ModelLoadError)
+
+
+def run_job(client: Client, docs: list[Document], out: OutputFile, config: JobConfig, report: JobReport,
+            interrupts: Interrupts) -> None:
+    """Summarize ``docs`` into ``out``. Raises FatalError, or JobInterrupted on SIGINT/SIGTERM; the
+    output file is valid in every case."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(docs), unit="doc", file=sys.stderr, disable=not config.progress,
+              dynamic_ncols=True, desc="summarize") as bar:
+        def finish(doc: Document, record: dict[str, Any] | None, error: BaseException | None) -> None:
+            if error is not None:
+                if _is_fatal(error):
+                    raise FatalError(str(error)) from error
+                report.failures.append((doc.id, f"{type(error).__name__}: {error}"))
+                bar.write(f"failed: {doc.id}: {error}", file=sys.stderr)
+            else:
+                assert record is not None
+                with interrupts.deferred():  # a signal waits until the line is on disk
+                    out.append(record)
+                    report.add(record)
+            bar.update(1)
+            bar.set_postfix(report.postfix(), refresh=False)
+
+        report.start()
+        if isinstance(client, LocalClient) or config.concurrency == 1:
+            for doc in docs:
+                try:
+                    record = summarize_one(client, doc, config)
+                except Exception as exc:  # one document's failure is reported, not the job's end
+                    finish(doc, None, exc)
+                else:
+                    finish(doc, record, None)
+        else:
+            _run_pool(client, docs, config, finish)
+
+
+def _run_pool(client: Client, docs: list[Document], config: JobConfig,
+              finish: Callable[[Document, dict[str, Any] | None, BaseException | None], None]) -> None:
+    """``config.concurrency`` daemon threads take documents in order; the caller's thread writes.
+    Daemon threads, so an interrupted job exits without waiting for requests in flight."""
+    todo = iter(docs)
+    take = threading.Lock()
+    stop = threading.Event()
+    results: queue.Queue[tuple[Document, dict[str, Any] | None, BaseException | None] | None] = queue.Queue()
+
+    def worker() -> None:
+        while not stop.is_set():
+            with take:
+                doc = next(todo, None)
+            if doc is None:
+                break
+            try:
+                results.put((doc, summarize_one(client, doc, config), None))
+            except Exception as exc:  # handed to the writer thread
+                results.put((doc, None, exc))
+        results.put(None)
+
+    workers = min(config.concurrency, len(docs))
+    for i in range(workers):
+        threading.Thread(target=worker, name=f"summarize-{i}", daemon=True).start()
+    running = workers
+    try:
+        while running:
+            try:
+                item = results.get(timeout=0.5)  # a timed wait lets signals through promptly
+            except queue.Empty:
+                continue
+            if item is None:
+                running -= 1
+            else:
+                finish(*item)
+    finally:
+        stop.set()

@@ -1,0 +1,168 @@
+"""Summarize many documents with speculation: a JSONL file (one {"id", "text"} object per line) or a
+directory of .txt/.md files in, one JSON line per finished document out (id, summary, usage,
+speculation statistics, timings).
+
+Resumable: a rerun skips the ids already in the output, and a run cut short (Ctrl-C, SIGTERM, kill -9)
+leaves a valid output file (a torn last line is cut off on the next start). A bad input line is
+reported with its line number and skipped (--strict aborts instead). Runs the model in this process,
+or sends requests to a `lookupspec serve` gateway with --gateway (--concurrency requests in flight).
+Prints a report at the end: totals, acceptance length and an estimate of the speedup over plain
+decoding (see lookupspec.batch.speedup for the formulas).
+
+--collection NAME drafts from that document collection as well. Over a gateway it must exist there.
+In-process collections live only as long as the job, so the job first indexes the input documents
+themselves into NAME: each summary may then draft from every input document, which pays when
+documents share text (boilerplate, templates, quoted passages).
+
+Exit status: 0 all done; 1 some documents failed or bad input entries were skipped; 2 the job could
+not run (unreadable input, bad template, model or gateway error, --strict); 130 / 143 interrupted by
+SIGINT / SIGTERM (the output holds every finished document; rerun to resume)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from lookupspec.commands.common import add_model_arguments, positive_int
+
+_EXIT_FAILURES, _EXIT_ERROR = 1, 2
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("input", type=Path, help="JSONL file of documents, or a directory of .txt/.md files")
+    a("-o", "--output", type=Path, required=True, help="JSONL file the summaries are appended to")
+    add_model_arguments(parser)
+    # unset: LOOKUPSPEC_MODEL or the default model in-process, the gateway's own model with --gateway
+    parser.set_defaults(model=None)
+    a("--draft-model", default=os.environ.get("LOOKUPSPEC_DRAFT_MODEL") or None,
+      help="in-process draft model (same tokenizer) or self:layers=K [env LOOKUPSPEC_DRAFT_MODEL]")
+    a("--text-field", default="text", help="JSONL field holding the document text")
+    a("--id-field", default="id", help="JSONL field holding the document id (missing: the line number)")
+    a("--prompt-template", type=Path, default=None, metavar="FILE",
+      help="user message with a {text} placeholder (unset: a built-in system + 'Summarize ...' prompt)")
+    a("--max-tokens", type=positive_int, default=256, help="maximum summary tokens")
+    a("--collection", default=None, metavar="NAME",
+      help="also draft from this collection (in-process: the input documents are indexed into it)")
+    a("--gateway", default=None, metavar="URL", help="send requests to this lookupspec gateway")
+    # read at run time, so --help never prints a key
+    a("--api-key", default=None, help="the gateway's API key [env LOOKUPSPEC_API_KEY]")
+    a("--concurrency", type=positive_int, default=4,
+      help="requests in flight with --gateway (in-process requests run one at a time)")
+    a("--strict", action="store_true", help="abort on the first bad input entry instead of skipping it")
+    a("--limit", type=_non_negative, default=None, help="summarize at most this many documents this run")
+    a("--plot", type=Path, default=None, metavar="OUT.png",
+      help="write a chart of per-document tokens/s and acceptance length")
+    a("--progress", action=argparse.BooleanOptionalAction, default=None,
+      help="progress bar on standard error (unset: when it is a terminal)")
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return _EXIT_ERROR
+
+
+def run(args: argparse.Namespace) -> int:
+    from lookupspec.batch.inputs import Document, read_documents
+    from lookupspec.batch.interrupts import Interrupts, JobInterrupted
+    from lookupspec.batch.outputs import OutputFile
+    from lookupspec.batch.prompt import DEFAULT_TEMPLATE, PromptTemplate
+    from lookupspec.batch.report import JobReport
+    from lookupspec.batch.summarize import FatalError, JobConfig, plan, run_job
+    from lookupspec.client import ClientError
+    from lookupspec.models import ModelLoadError
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr)
+
+    try:
+        template = DEFAULT_TEMPLATE
+        if args.prompt_template is not None:
+            template = PromptTemplate.from_file(args.prompt_template)
+    except (OSError, ValueError) as exc:
+        return _error(f"--prompt-template: {exc}")
+    config = JobConfig(max_tokens=args.max_tokens, template=template, collection=args.collection,
+                       concurrency=args.concurrency if args.gateway else 1, strict=args.strict,
+                       limit=args.limit, log=log,
+                       progress=sys.stderr.isatty() if args.progress is None else args.progress)
+    report = JobReport()
+    try:
+        out, recovery = OutputFile.open(args.output)
+    except OSError as exc:
+        return _error(f"cannot open the output: {exc}")
+    client: Any = None
+    status = 0
+    with out:
+        if recovery.truncated_bytes:
+            log(f"{args.output}: cut off a torn last line ({recovery.truncated_bytes} bytes)")
+        for number in recovery.bad_lines:
+            log(f"warning: {args.output}:{number} is not a result line; left as it is")
+        try:
+            items = list(read_documents(args.input, text_field=args.text_field, id_field=args.id_field))
+            docs = plan(items, recovery.done, config, report)
+        except OSError as exc:
+            return _error(f"cannot read {args.input}: {exc}")
+        except FatalError as exc:
+            return _error(str(exc))
+        if docs:
+            with Interrupts() as interrupts:
+                try:
+                    client = _connect(args, log)
+                    if args.collection and args.gateway is None:
+                        indexed = [{"id": d.id, "text": d.text} for d in items if isinstance(d, Document)]
+                        n = client.add_documents(args.collection, indexed)
+                        log(f"indexed {n} input documents into the in-process collection {args.collection!r}")
+                    run_job(client, docs, out, config, report, interrupts)
+                except JobInterrupted as exc:
+                    report.interrupted = str(exc)
+                    status = exc.exit_status
+                except (FatalError, ClientError, ModelLoadError) as exc:
+                    status = _error(str(exc))
+    # outside Interrupts: a second Ctrl-C while the report prints ends the process the usual way
+    _finish(report, client, args)
+    if status:
+        return status
+    return _EXIT_FAILURES if report.failures or report.bad_inputs else 0
+
+
+def _connect(args: argparse.Namespace, log: Any) -> Any:
+    from lookupspec.client import GatewayClient, connect
+    from lookupspec.models import DEFAULT_MODEL
+
+    if args.gateway:
+        api_key = args.api_key or os.environ.get("LOOKUPSPEC_API_KEY") or None
+        client = GatewayClient(args.gateway, api_key=api_key, model=args.model)
+        log(f"gateway {client.base_url}, model {client.model}")  # fails fast when it is unreachable
+        return client
+    model = args.model or os.environ.get("LOOKUPSPEC_MODEL") or DEFAULT_MODEL
+    # --no-packed-linear comes with add_model_arguments where the loader supports it
+    extra = {"packed_linear": args.packed_linear} if hasattr(args, "packed_linear") else {}
+    # warmup seeds the cost model the drafting policy (and the speedup estimate) rely on
+    return connect(model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
+                   auto_pull=True, warmup=True, log=log, **extra)
+
+
+def _finish(report: Any, client: Any, args: argparse.Namespace) -> None:
+    """Print the report (standard output), write the plot, close the client."""
+    from lookupspec.client import LocalClient
+
+    cost_table = None
+    if isinstance(client, LocalClient):
+        engine = client.engine.engine
+        if engine.cost.known():
+            cost_table = engine.cost.table(engine.default_spec.max_draft_tokens + 1)
+    print(report.text(cost_table), flush=True)
+    if args.plot is not None and report.records:
+        print(f"plot: {report.plot(args.plot)}", flush=True)
+    if client is not None:
+        client.close()
