@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from lookupspec import kernels
-from lookupspec.adaptive import BudgetPolicy, CostModel, DraftModelGate
+from lookupspec.adaptive import BudgetPolicy, CostModel, DraftModelGate, ScoreCalibration
 from lookupspec.kvcache import KVCache
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.sampling import SamplingParams, select_tokens
@@ -117,6 +117,7 @@ class Engine:
         self.draft_cost = CostModel(max_tokens=1)  # seconds per draft-model token (size 1)
         self.policy = policy or BudgetPolicy()
         self.gate = DraftModelGate()
+        self.calibration = ScoreCalibration()  # lookup path scores -> observed acceptance
         self.aggregate = AggregateStats()
         self.dtype = next(model.parameters()).dtype
         self.explore_every = 8  # refused steps with a non-empty lookup tree before exploring
@@ -178,7 +179,7 @@ class Engine:
         lookup_k, lookup_rate, tree = 0, 0.0, None
         if session is not None and max_nodes > 0:
             tree = session.propose(max_nodes, chain_only=not spec.tree)
-            scores = np.asarray(tree.score, dtype=np.float64)
+            scores = self.calibration.apply(np.asarray(tree.score, dtype=np.float64))
             known = self.cost.known() or not self.policy.adaptive
             lookup_k = self.policy.choose(scores, costs) if known else min(len(scores), max_nodes)
             if lookup_k == 0 and len(scores):
@@ -286,6 +287,10 @@ class Engine:
                           source_accepted=src_acc, draft_s=draft.draft_s, verify_s=verify_s)
             if draft.tree is not None and session is not None:
                 session.feedback(draft.tree, result.accepted)
+                if n and len(draft.tree.score) == n:  # the verified tree (not one refused whole)
+                    on_path = np.zeros(n, dtype=bool)
+                    on_path[list(result.accepted)] = True
+                    self.calibration.observe(np.asarray(draft.tree.score, dtype=np.float64), on_path)
             if n and draft.sources[0] == "draft_model":
                 self.gate.observe(n, accepted)
             generated += len(kept)

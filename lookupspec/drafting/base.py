@@ -52,7 +52,8 @@ class Drafter(Protocol):
 
     def propose(self, tail: np.ndarray, budget: int) -> list[Candidate]: ...  # tail: [t] int32
 
-    def observe(self, match_len: np.ndarray, predicted: np.ndarray, accepted: np.ndarray) -> None: ...
+    def observe(self, match_len: np.ndarray, predicted: np.ndarray, accepted: np.ndarray,
+                depth: np.ndarray | None = None) -> None: ...
 
 
 @dataclass(frozen=True, eq=False)

@@ -47,7 +47,8 @@ def _compose(nodes, est, cands, factors, budget, min_score, chain_only, cap, ws,
     nodes [5, N] int64: token, parent (index within its candidate, -1 = root), count, last_seen, depth
     est [2, N] float32: predicted, score (given for scored candidates, computed here for the others)
     cands [C, 6] int64: start column, nodes, match_len, num_occurrences, source, scored
-    factors [C] float32: calibration factor of each candidate's source at its match length
+    factors [C, D + 1] float32: calibration factors of each candidate's source at its match length,
+    per node depth (depths past D use column D)
     ws: int64 scratch of >= 8 * N + 32 entries; fws: float32 scratch of >= 2 * N entries
     Returns ints [5, k] int32 (token, parent, source, match_len, depth) and floats [2, k] float32
     (score, predicted), nodes in selection order (parents first).
@@ -58,12 +59,12 @@ def _compose(nodes, est, cands, factors, budget, min_score, chain_only, cap, ws,
         if cands[c, _SCORED] == 0:
             start = cands[c, _START]
             num = cands[c, _NUM]
-            f = factors[c]
+            last = factors.shape[1] - 1
             for i in range(start, start + cands[c, _N]):
                 p = nodes[1, i]
                 pc = nodes[2, start + p] if p >= 0 else num
                 q = nodes[2, i] / (pc + 1.0)
-                pr = q * f
+                pr = q * factors[c, min(nodes[4, i], last)]
                 if pr > cap:
                     pr = cap
                 est[0, i] = q
@@ -211,7 +212,7 @@ class Composer:
             return self._empty
         tail = self._tail(tokens)
         rows: list[tuple[int, int, int, int, int, int]] = []
-        factors: list[float] = []
+        factors: list[np.ndarray] = []
         at = 0
         for i, d, fast, most in self._plan:
             if fast is not None:
@@ -232,7 +233,7 @@ class Composer:
                 self._est[0, at:at + n] = c.predicted
                 self._est[1, at:at + n] = c.score
                 rows.append((at, n, c.match_len, 0, i, 1))
-                factors.append(1.0)
+                factors.append(_NEUTRAL)  # scored by its drafter already
                 at += n
         if not rows:
             return self._empty
@@ -240,7 +241,7 @@ class Composer:
             self._ws = np.empty(8 * self._nodes.shape[1] + 32, np.int64)
             self._fws = np.empty(2 * self._nodes.shape[1], np.float32)
         ints, floats = _compose(self._nodes, self._est, np.array(rows, np.int64),
-                                np.array(factors, np.float32), int(budget), np.float32(self.min_score),
+                                _factor_table(factors), int(budget), np.float32(self.min_score),
                                 bool(chain_only), np.float32(PROB_CAP), self._ws, self._fws)
         return DraftTree._fast(ints[0], ints[1], ints[2].astype(np.int8), ints[3], floats[0], ints[4],
                                floats[1], self.source_names)
@@ -261,7 +262,23 @@ class Composer:
         for s, d in enumerate(self.drafters):
             mask = tested & (tree.source == s)
             if mask.any():
-                d.observe(tree.match_len[mask], tree.predicted[mask], acc[mask])
+                d.observe(tree.match_len[mask], tree.predicted[mask], acc[mask], tree.depth[mask])
+
+
+_NEUTRAL = np.ones(1, np.float32)
+
+
+def _factor_table(rows: list[np.ndarray]) -> np.ndarray:
+    """[C, D + 1] float32 from per-candidate rows of possibly different widths (a shorter row is
+    padded with its last entry, which is what the kernel reads past it anyway)."""
+    width = max(len(r) for r in rows)
+    if all(len(r) == width for r in rows):
+        return np.asarray(rows, np.float32)
+    out = np.empty((len(rows), width), np.float32)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+        out[i, len(r):] = r[-1]
+    return out
 
 
 def _warmup() -> None:
@@ -270,8 +287,8 @@ def _warmup() -> None:
     est = np.zeros((2, 3), np.float32)
     cands = np.array([[0, 2, 2, 3, 0, 0], [2, 1, 3, 1, 1, 1]], np.int64)
     for chain in (False, True):
-        _compose(nodes, est, cands, np.ones(2, np.float32), 3, np.float32(0.0), chain, np.float32(PROB_CAP),
-                 np.empty(64, np.int64), np.empty(8, np.float32))
+        _compose(nodes, est, cands, np.ones((2, 3), np.float32), 3, np.float32(0.0), chain,
+                 np.float32(PROB_CAP), np.empty(64, np.int64), np.empty(8, np.float32))
 
 
 _warmup()

@@ -48,18 +48,19 @@ class LookupDrafter:
         return out
 
     def propose_into(self, tail: np.ndarray, budget: int, out: np.ndarray,
-                     at: int) -> list[tuple[int, int, int, int, float]]:
+                     at: int) -> list[tuple[int, int, int, int, np.ndarray]]:
         """Write each store's tree to ``out`` [5, >= at + node_capacity(budget)] int64 from column ``at``;
-        returns (start column, nodes, match_len, num_occurrences, calibration factor) per candidate,
-        for the composer to score (``scoring.py``)."""
+        returns (start column, nodes, match_len, num_occurrences, calibration factors per depth) per
+        candidate, for the composer to score (``scoring.py``)."""
         cfg = self._cfgs.get(budget) or capped_config(self.cfg, budget, self._cfgs)
         found = []
         for store in self.stores:
             L, n, num = store.lookup_into(tail, cfg, out, at)
             if n:
-                found.append((at, n, L, num, self.stats.factor(L)))
+                found.append((at, n, L, num, self.stats.factors(L)))
                 at += n
         return found
 
-    def observe(self, match_len: np.ndarray, predicted: np.ndarray, accepted: np.ndarray) -> None:
-        self.stats.observe(match_len, predicted, accepted)
+    def observe(self, match_len: np.ndarray, predicted: np.ndarray, accepted: np.ndarray,
+                depth: np.ndarray | None = None) -> None:
+        self.stats.observe(match_len, predicted, accepted, depth)

@@ -4,12 +4,13 @@ Per node ``v`` with parent ``u`` (the root's count is the number of occurrences 
 
     predicted(v) = count(v) / (count(u) + 1)       # empirical next-token frequency, shrunk: one
                                                    # occurrence predicts 1/2, not certainty
-    prob(v)      = min(PROB_CAP, factor(L) * predicted(v))   # calibrated by AcceptanceStats
+    prob(v)      = min(PROB_CAP, factor(L, depth(v)) * predicted(v))   # calibrated by AcceptanceStats
     score(v)     = prob(v) * score(u)              # score(root) = 1
 
-``factor(L)`` is the source's observed/predicted acceptance ratio at the match length ``L`` of the
-lookup, so long copied spans (accepted far more often than 1/2) earn high scores once observed, and a
-source whose drafts keep failing stops being drafted from.
+``factor(L, d)`` is the source's observed/predicted acceptance ratio at the match length ``L`` of the
+lookup and the node's depth ``d`` past the tail (``stats.py``), so long copied spans (accepted far more
+often than 1/2, the more so the further a copy has run) earn high scores once observed, and a source
+whose drafts keep failing stops being drafted from.
 
 Worked example: occurrences 4, children ``x`` (count 3) and ``y`` (count 1), ``x`` has one child
 ``z`` (count 3); factor 1: predicted = 3/5, 1/5, 3/4; scores 0.6, 0.2, 0.45.
@@ -33,14 +34,16 @@ PROB_CAP = 0.98  # no draft token is ever certain to be accepted
 
 
 @njit(cache=True, nogil=True)
-def score_nodes(parents, counts, num_occ, factor, cap, pred, prob, score):
-    """Fill pred / prob / score [n] float32 for a tree (parents [n], counts [n]; parents[i] < i)."""
+def score_nodes(parents, counts, depth, num_occ, factors, cap, pred, prob, score):
+    """Fill pred / prob / score [n] float32 for a tree (parents [n], counts [n], depth [n] >= 1;
+    parents[i] < i); factors [D + 1] float32 per depth, depths past D use factors[D]."""
+    last = factors.shape[0] - 1
     for i in range(parents.shape[0]):
         p = parents[i]
         pc = counts[p] if p >= 0 else num_occ
         q = counts[i] / (pc + 1.0)
         pred[i] = q
-        c = q * factor
+        c = q * factors[min(depth[i], last)]
         if c > cap:
             c = cap
         prob[i] = c
@@ -52,8 +55,8 @@ def score_continuations(cont: Continuations, source: str, stats: AcceptanceStats
     pred = np.empty(n, np.float32)
     prob = np.empty(n, np.float32)
     score = np.empty(n, np.float32)
-    score_nodes(cont.parents, cont.counts, cont.num_occurrences, stats.factor(cont.match_len), PROB_CAP,
-                pred, prob, score)
+    score_nodes(cont.parents, cont.counts, cont.depth, cont.num_occurrences, stats.factors(cont.match_len),
+                PROB_CAP, pred, prob, score)
     return Candidate(source, cont.match_len, cont.tokens, cont.parents, pred, prob, score)
 
 
@@ -69,8 +72,8 @@ def capped_config(cfg: LookupConfig, budget: int, cache: dict[int, LookupConfig]
 
 def _warmup() -> None:
     f = np.empty(2, np.float32)
-    score_nodes(np.array([-1, 0], np.int32), np.array([2, 1], np.int64), 3, 1.0, PROB_CAP, f, f.copy(),
-                f.copy())
+    score_nodes(np.array([-1, 0], np.int32), np.array([2, 1], np.int64), np.array([1, 2], np.int32), 3,
+                np.ones(3, np.float32), PROB_CAP, f, f.copy(), f.copy())
 
 
 _warmup()

@@ -30,7 +30,8 @@ class FixedDrafter:
     def propose(self, tail: np.ndarray, budget: int) -> list[Candidate]:
         return self.cands
 
-    def observe(self, match_len: np.ndarray, predicted: np.ndarray, accepted: np.ndarray) -> None:
+    def observe(self, match_len: np.ndarray, predicted: np.ndarray, accepted: np.ndarray,
+                depth: np.ndarray | None = None) -> None:
         self.seen.append((match_len.tolist(), predicted.tolist(), accepted.tolist()))
 
 
