@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS
-from lookupspec.commands.common import add_model_arguments, positive_int
+from lookupspec.commands.common import add_model_arguments, non_negative_int, positive_int
 
 __all__ = ["DEFAULT_SYSTEMS", "configure", "run"]
 
@@ -37,13 +37,6 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
                         help="JSONL prompt file, rows {id, kind, messages}")
@@ -57,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinds", type=_csv, default=None, help="comma-separated prompt kinds (None: all)")
     parser.add_argument("--limit", type=positive_int, default=None,
                         help="at most N prompts, taken round-robin across kinds (None: all)")
-    parser.add_argument("--warmup", type=_non_negative, default=1,
+    parser.add_argument("--warmup", type=non_negative_int, default=1,
                         help="untimed warm-up generations per system (on a prompt outside the set)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch intra-op threads (None: torch's choice)")

@@ -21,6 +21,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "weights (slower; for comparison) [env LOOKUPSPEC_PACKED_LINEAR=0]")
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:

@@ -26,16 +26,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lookupspec.commands.common import add_model_arguments, positive_int
+from lookupspec.commands.common import add_model_arguments, non_negative_int, positive_int
 
 _EXIT_FAILURES, _EXIT_ERROR = 1, 2
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--concurrency", type=positive_int, default=4,
       help="requests in flight with --gateway (in-process requests run one at a time)")
     a("--strict", action="store_true", help="abort on the first bad input entry instead of skipping it")
-    a("--limit", type=_non_negative, default=None, help="summarize at most this many documents this run")
+    a("--limit", type=non_negative_int, default=None, help="summarize at most this many documents this run")
     a("--plot", type=Path, default=None, metavar="OUT.png",
       help="write a chart of per-document tokens/s and acceptance length")
     a("--progress", action=argparse.BooleanOptionalAction, default=None,
