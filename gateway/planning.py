@@ -14,7 +14,6 @@ generation with the same seed.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -67,13 +66,8 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, str]]:
 def _lookup(service: GatewayService, namespace: str, lookup: LookupOptions | None) -> tuple[SpecParams, Any]:
     lk = lookup or LookupOptions()
     base: SpecParams = getattr(service.engine, "default_spec", None) or SpecParams()
-    spec = dataclasses.replace(
-        base,
-        enabled=base.enabled and lk.enabled,
-        max_draft_tokens=base.max_draft_tokens if lk.max_draft_tokens is None else lk.max_draft_tokens,
-        sources=base.sources if lk.sources is None else tuple(dict.fromkeys(lk.sources)),
-        collections=tuple(dict.fromkeys(lk.collections)),
-    )
+    spec = base.for_request(enabled=lk.enabled, max_draft_tokens=lk.max_draft_tokens, sources=lk.sources,
+                            collections=lk.collections)
     for i, name in enumerate(spec.collections):
         if service.store.state.get_collection(namespace, name) is None:
             raise not_found(f"no collection named {name!r}", param=f"lookup.collections[{i}]",

@@ -23,7 +23,7 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -249,11 +249,8 @@ class LocalClient(Client):
         lk = request.lookup
         base: SpecParams = te.engine.default_spec
         try:
-            spec = replace(base, enabled=base.enabled and lk.enabled,
-                           max_draft_tokens=base.max_draft_tokens if lk.max_draft_tokens is None
-                           else lk.max_draft_tokens,
-                           sources=base.sources if lk.sources is None else tuple(dict.fromkeys(lk.sources)),
-                           collections=tuple(dict.fromkeys(lk.collections)))
+            spec = base.for_request(enabled=lk.enabled, max_draft_tokens=lk.max_draft_tokens,
+                                    sources=lk.sources, collections=lk.collections)
             params = te.params(max_tokens=request.max_tokens, temperature=request.temperature,
                                top_p=request.top_p, top_k=request.top_k, seed=request.seed)
         except ValueError as exc:

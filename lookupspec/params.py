@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +61,18 @@ class SpecParams:
     sources: tuple[str, ...] = ALL_SOURCES
     collections: tuple[str, ...] = ()
     tree: bool = True
+
+    def for_request(self, *, enabled: bool = True, max_draft_tokens: int | None = None,
+                    sources: Sequence[str] | None = None, collections: Sequence[str] = ()) -> SpecParams:
+        """This (server-wide) setting narrowed by one request's ``lookup`` options: speculation only if
+        both allow it; ``None`` keeps this setting's value; duplicates dropped, order kept."""
+        return dataclasses.replace(
+            self,
+            enabled=self.enabled and enabled,
+            max_draft_tokens=self.max_draft_tokens if max_draft_tokens is None else max_draft_tokens,
+            sources=self.sources if sources is None else tuple(dict.fromkeys(sources)),
+            collections=tuple(dict.fromkeys(collections)),
+        )
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft_tokens <= 256:
