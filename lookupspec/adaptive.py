@@ -107,12 +107,14 @@ class ScoreCalibration:
     depth; their product still comes out too low for the many deep, low-scoring nodes of long copies
     (measured on the bench prompts: nodes scored 0.03 were accepted 7% of the time, 0.14 -> 22%).
     Since the policy's expected gain is the sum of these probabilities, an under-estimate verifies too
-    few nodes. This keeps, per score bin, how many verified nodes were accepted, and returns
+    few nodes. This keeps, per score bin ``b`` (center ``c_b``), how many verified nodes were accepted
+    (decayed), estimates the bin's acceptance as
 
-        calibrated(s) = (accepted_b + prior * s) / (verified_b + prior)     # b = the bin of s
+        p_b = (accepted_b + prior * c_b) / (verified_b + prior)     # made non-decreasing over bins
 
-    made non-decreasing in ``s`` (a running max over bins) so the score order, and with it the
-    prefix-closed tree order, is kept. Thread-safe; one per engine, shared by its requests."""
+    and returns ``calibrated(s) = s * p_b / c_b`` for a score ``s`` in bin ``b`` (capped at 1, then a
+    running minimum so that descending input stays descending: the prefix-closed tree order is kept).
+    Thread-safe; one per engine, shared by its requests."""
 
     def __init__(self, bins: int = 20, prior: float = 8.0, decay: float = 0.999) -> None:
         self.bins = bins

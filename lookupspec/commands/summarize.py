@@ -138,11 +138,9 @@ def _connect(args: argparse.Namespace, log: Any) -> Any:
         log(f"gateway {client.base_url}, model {client.model}")  # fails fast when it is unreachable
         return client
     model = args.model or os.environ.get("LOOKUPSPEC_MODEL") or DEFAULT_MODEL
-    # --no-packed-linear comes with add_model_arguments where the loader supports it
-    extra = {"packed_linear": args.packed_linear} if hasattr(args, "packed_linear") else {}
     # warmup seeds the cost model the drafting policy (and the speedup estimate) rely on
     return connect(model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
-                   auto_pull=True, warmup=True, log=log, **extra)
+                   packed_linear=args.packed_linear, auto_pull=True, warmup=True, log=log)
 
 
 def _finish(report: Any, client: Any, args: argparse.Namespace) -> None:
