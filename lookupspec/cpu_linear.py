@@ -20,8 +20,6 @@ tensors (no autograd, no ``state_dict``, no ``.to(device)``).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 __all__ = ["PackedLinear", "pack_linears", "packing_available"]
@@ -57,21 +55,23 @@ class PackedLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
 
 
-def pack_linears(model: torch.nn.Module, batch_hint: int = _BATCH_HINT) -> int:
+def pack_linears(model: torch.nn.Module, batch_hint: int = _BATCH_HINT,
+                 memo: dict[int, tuple[torch.nn.Linear, PackedLinear]] | None = None) -> int:
     """Replace every float32 CPU ``nn.Linear`` in ``model`` by a :class:`PackedLinear`; returns how
     many were replaced (0 when oneDNN is unavailable or the model is not float32 on CPU). A weight
-    tied to an embedding (the LM head, often) is packed as a copy; the embedding keeps its own."""
+    tied to an embedding (the LM head, often) is packed as a copy; the embedding keeps its own.
+    Models sharing layers (a ``self:layers=K`` draft and its target) pass one ``memo`` so a shared
+    ``nn.Linear`` is packed once and both end up holding the same :class:`PackedLinear`."""
     if not packing_available():
         return 0
+    memo = {} if memo is None else memo
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if (type(child) is torch.nn.Linear and child.weight.device.type == "cpu"
                     and child.weight.dtype == torch.float32):
-                setattr(parent, name, PackedLinear(child, batch_hint))
+                if id(child) not in memo:  # the entry keeps ``child`` alive, so its id stays its own
+                    memo[id(child)] = (child, PackedLinear(child, batch_hint))
+                setattr(parent, name, memo[id(child)][1])
                 replaced += 1
     return replaced
-
-
-def is_packed(model: Any) -> bool:
-    return any(isinstance(m, PackedLinear) for m in model.modules())

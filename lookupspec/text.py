@@ -91,9 +91,10 @@ class TextEngine:
         if packed_linear:  # after deriving: self:int8 quantizes the plain nn.Linear layers
             from lookupspec.cpu_linear import pack_linears
 
-            pack_linears(loaded.model)
+            memo: dict = {}  # a self:layers=K draft shares the target's layers: pack each once
+            pack_linears(loaded.model, memo=memo)
             if draft is not None:
-                pack_linears(draft)
+                pack_linears(draft, memo=memo)
         te = cls(loaded, draft_model=draft)
         if warmup:
             te.engine.warmup()

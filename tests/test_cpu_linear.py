@@ -56,3 +56,14 @@ def test_packed_model_logits_and_greedy_tokens_match_the_stock_model(tiny_models
     runs = [[t for s in Engine(m).generate(prompt, params, spec=SpecParams(enabled=False)) for t in s.tokens]
             for m in (stock, packed)]
     assert runs[0] == runs[1]
+
+
+def test_a_derived_layers_draft_shares_the_targets_packed_layers(tiny_models) -> None:
+    from lookupspec.text import TextEngine
+
+    te = TextEngine.load(str(tiny_models["tiny-llama"]), draft_model="self:layers=1")
+    target, draft = te.engine.model, te.engine.draft_model
+    assert isinstance(target.lm_head, PackedLinear)
+    assert draft.lm_head is target.lm_head  # packed once, not a second copy of the LM head
+    assert draft.model.layers[0] is target.model.layers[0]
+    assert not any(type(m) is torch.nn.Linear for m in draft.modules())
