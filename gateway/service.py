@@ -19,17 +19,16 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from lookupspec.detokenize import TextStream
-from lookupspec.engine import StepOutput
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.stats import AggregateStats, RequestStats
+from lookupspec.text import TextChunk
 
 from .config import GatewayConfig
 from .errors import APIError
@@ -58,7 +57,6 @@ class GatewayService:
                  metrics: GatewayMetrics | None = None) -> None:
         self.text_engine = text_engine
         self.engine = text_engine.engine
-        self.tokenizer = text_engine.tokenizer
         self.store = store
         self.indexes = indexes
         self.config = config
@@ -168,10 +166,11 @@ class GatewayService:
                     self._running = None
                 self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.perf_counter() - started)
 
-    def _generate(self, prompt_ids: tuple[int, ...], params: GenerationParams, spec: SpecParams,
-                  scope: LookupScope) -> Generator[StepOutput, None, None]:
-        """The one place the service calls the engine."""
-        return self.engine.generate(prompt_ids, params, spec=spec, scope=scope)
+    def _generate(self, prompt_ids: tuple[int, ...], params: GenerationParams, stop: Sequence[str],
+                  spec: SpecParams, scope: LookupScope) -> Generator[TextChunk, None, None]:
+        """The one place the service calls the engine (through the text layer: detokenization and
+        stop strings, as in-process callers get them)."""
+        return self.text_engine.stream_ids(prompt_ids, params, stop, spec=spec, scope=scope)
 
     def _run(self, ticket: Ticket, queued_s: float) -> None:
         job = ticket.job
@@ -186,34 +185,28 @@ class GatewayService:
             return
         last_token_at: float | None = None
         for choice in job.choices:
-            stream = TextStream(self.tokenizer, job.stop)
             tokens: list[int] = []
             stats: RequestStats | None = None
             reason: str | None = None
             failure: APIError | None = None
-            gen = self._generate(choice.prompt_ids, choice.params, job.spec, job.scope)
+            gen = self._generate(choice.prompt_ids, choice.params, job.stop, job.spec, job.scope)
             try:
-                for step in gen:
+                for chunk in gen:
                     now = time.perf_counter()
-                    stats = step.stats or stats
-                    if step.tokens:
+                    stats = chunk.stats or stats
+                    if chunk.token_ids:
                         if last_token_at is None:
                             self.metrics.ttft.observe(now - job.arrived)
                         else:
-                            gap = (now - last_token_at) / len(step.tokens)
-                            for _ in step.tokens:
+                            gap = (now - last_token_at) / len(chunk.token_ids)
+                            for _ in chunk.token_ids:
                                 self.metrics.itl.observe(gap)
                         last_token_at = now
-                    tokens.extend(step.tokens)
-                    delta = stream.push(step.tokens)
-                    if stream.stop_reached is not None:
-                        reason = "stop"
-                    elif step.finish_reason is not None:
-                        delta += stream.flush()
-                        reason = "stop" if stream.stop_reached is not None else step.finish_reason
-                    if delta:
-                        ticket.emit(TextDelta(choice.index, delta))
-                    if reason is not None:
+                    tokens.extend(chunk.token_ids)
+                    if chunk.text:
+                        ticket.emit(TextDelta(choice.index, chunk.text))
+                    if chunk.finish_reason is not None:
+                        reason = chunk.finish_reason
                         break
                     if ticket.cancelled.is_set():
                         failure = APIError(499, "the client went away", code="cancelled")

@@ -10,7 +10,7 @@ This is the in-process API the CLI, the gateway and the integrations use::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +140,8 @@ class TextEngine:
         )
 
     def stream_ids(self, prompt_ids: Sequence[int], params: GenerationParams, stop: Sequence[str] = (),
-                   spec: SpecParams | None = None, scope: LookupScope | None = None) -> Iterator[TextChunk]:
+                   spec: SpecParams | None = None,
+                   scope: LookupScope | None = None) -> Generator[TextChunk, None, None]:
         """Text chunks as steps complete; a stop string ends the stream with finish_reason 'stop'."""
         text = TextStream(self.tokenizer, stop)
         gen = self.engine.generate(prompt_ids, params, spec=spec, scope=scope)
