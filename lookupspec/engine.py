@@ -32,6 +32,7 @@ import torch
 
 from lookupspec import kernels
 from lookupspec.adaptive import BudgetPolicy, CostModel, DraftModelGate, ScoreCalibration
+from lookupspec.cpu_attention import use_gqa_sdpa
 from lookupspec.kvcache import KVCache
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.sampling import SamplingParams, select_tokens
@@ -95,13 +96,19 @@ _EMPTY = _Draft([], [], [])
 
 
 class Engine:
-    """Speculative decoding over a Hugging Face causal LM (and optionally a draft model)."""
+    """Speculative decoding over a Hugging Face causal LM (and optionally a draft model).
+
+    A model on transformers' ``sdpa`` attention is switched to :mod:`lookupspec.cpu_attention`'s
+    grouped-query variant (bit-identical output; draft-tree forwards skip a copy of the KV cache)."""
 
     def __init__(self, model: Any, *, draft_model: Any | None = None, context_window: int | None = None,
                  spec: SpecParams | None = None, lookup: Any | None = None,
                  policy: BudgetPolicy | None = None) -> None:
         self.model = model
         self.device = next(model.parameters()).device
+        use_gqa_sdpa(model)
+        if draft_model is not None:
+            use_gqa_sdpa(draft_model)
         cfg = model.config
         self.vocab_size = int(cfg.vocab_size)
         window = context_window or getattr(cfg, "max_position_embeddings", None) or 2048
