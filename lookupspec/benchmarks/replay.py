@@ -1,0 +1,192 @@
+"""Replay a bench run's greedy outputs through the drafters: acceptance length against draft budget,
+without running the model.
+
+Greedy verification is deterministic: a draft tree's accepted path is its longest root path that
+spells the next tokens of the greedy output. So once ``lookupspec bench --json`` has recorded
+``hf-greedy``'s tokens, each prompt can be decoded again step by step: the lookup drafters (with
+their process-wide statistics and the path-score calibration, as in the engine) propose a tree, a
+budget rule keeps a prefix of it, and the step accepts what the output confirms. Step costs come
+from a table of forward seconds per input size, measured on the model (``--model``) or given
+(``--costs``), so each budget rule gets an estimated decode speedup over plain decoding next to its
+acceptance length and the copy oracle. The budget rules: ``adaptive`` (the engine's policy) or a
+fixed node count N (verify the best N nodes whenever the tree has any).
+
+Example: lookupspec bench-replay --from out/bench.json --budgets adaptive,12,24
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lookupspec.commands.common import add_model_arguments
+
+__all__ = ["ReplayResult", "accepted_path", "configure", "replay_prompt", "run"]
+
+EXPLORE_EVERY, EXPLORE_NODES = 8, 2  # the engine's exploration of refused trees (Engine.__init__)
+COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def accepted_path(tokens: Sequence[int], parents: Sequence[int], truth: Sequence[int]) -> list[int]:
+    """Indices of the tree nodes greedy verification accepts: the longest root path whose tokens are
+    ``truth[0], truth[1], ...`` (siblings never share a token, so the path is unique)."""
+    path: list[int] = []
+    node = -1
+    for want in truth:
+        nxt = next((i for i, (t, p) in enumerate(zip(tokens, parents, strict=True))
+                    if p == node and t == want), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    return path
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    steps: int  # decode steps (the prefill's first token excluded, as in RequestStats)
+    tokens: int  # tokens the steps emitted
+    nodes: int  # draft nodes verified, all steps
+    seconds: float  # estimated decode time: step costs from the table
+    plain_seconds: float  # the same tokens one forward each
+
+    @property
+    def acceptance_length(self) -> float | None:
+        return self.tokens / self.steps if self.steps else None
+
+
+def replay_prompt(prompt: Sequence[int], output: Sequence[int], engine_parts: dict[str, Any],
+                  costs: np.ndarray, budget: int | None) -> ReplayResult:
+    """Decode ``output`` again after ``prompt``; ``budget`` None = the adaptive policy.
+    ``engine_parts`` holds ``drafting``, ``calibration`` and ``policy``, shared across prompts as an
+    engine shares them across requests; ``costs`` [>= 34] seconds per forward size."""
+    from lookupspec.params import LOOKUP_SOURCES, SpecParams
+
+    drafting, calibration, policy = (engine_parts[k] for k in ("drafting", "calibration", "policy"))
+    session = drafting.session(list(prompt), SpecParams(sources=LOOKUP_SOURCES), None)
+    n, t, steps, seconds, refused, nodes = len(output), 1, 0, 0.0, 0, 0
+    session.extend(output[:1])
+    while t < n:
+        room = min(n - t - 1, len(costs) - 2)
+        k, tree = 0, None
+        if room > 0:
+            tree = session.propose(room if budget is None else min(room, budget))
+            scores = calibration.apply(np.asarray(tree.score, np.float64))
+            k = policy.choose(scores, costs) if budget is None else len(scores)
+            if k == 0 and len(scores):
+                refused += 1
+                if refused >= EXPLORE_EVERY:
+                    refused, k = 0, min(len(scores), EXPLORE_NODES)
+            elif k:
+                refused = 0
+        path: list[int] = []
+        if tree is not None and k:
+            sub = tree.prefix(k)
+            path = accepted_path([int(x) for x in sub.tokens], [int(x) for x in sub.parents], output[t:])
+            session.feedback(sub, path)
+            on_path = np.zeros(k, bool)
+            on_path[path] = True
+            calibration.observe(np.asarray(sub.score, np.float64), on_path)
+        emit = min(len(path) + 1, n - t)
+        session.extend(output[t:t + emit])
+        t += emit
+        steps += 1
+        nodes += k
+        seconds += float(costs[k + 1])
+    return ReplayResult(steps, n - 1, nodes, seconds, (n - 1) * float(costs[1]))
+
+
+def _engine_parts() -> dict[str, Any]:
+    from lookupspec.adaptive import BudgetPolicy, ScoreCalibration
+    from lookupspec.drafting.factory import LookupDrafting
+
+    return {"drafting": LookupDrafting(), "calibration": ScoreCalibration(), "policy": BudgetPolicy()}
+
+
+def _parse_costs(text: str) -> np.ndarray:
+    from lookupspec.adaptive import CostModel
+
+    model = CostModel()
+    for item in text.split(","):
+        size, _, ms = item.partition(":")
+        model.observe(int(size), float(ms) / 1000.0)
+    if not model.known():
+        raise ValueError("--costs must include size 1")
+    return model.table(COST_SIZES[-1] + 2)
+
+
+def _measure_costs(args: argparse.Namespace, context: int) -> np.ndarray:
+    from lookupspec.cpu_linear import pack_linears
+    from lookupspec.engine import Engine
+    from lookupspec.models import load_model
+
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device, auto_pull=True,
+                        log=lambda m: print(m, file=sys.stderr))
+    if args.packed_linear:
+        pack_linears(loaded.model)
+    engine = Engine(loaded.model, context_window=loaded.context_window)
+    engine.warmup(COST_SIZES, context=min(context, loaded.context_window - COST_SIZES[-1] - 8))
+    return engine.cost.table(COST_SIZES[-1] + 2)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="source", type=Path, required=True,
+                        help="a `lookupspec bench --json` file (its hf-greedy rows are replayed)")
+    parser.add_argument("--budgets", default="adaptive,12,24",
+                        help="comma-separated budget rules: adaptive and/or fixed node counts")
+    parser.add_argument("--costs", default=None,
+                        help="forward milliseconds per input size, e.g. 1:46,8:49,16:65,32:99 "
+                             "(None: measured on --model at the median prompt length)")
+    add_model_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from lookupspec.benchmarks.oracle import copy_oracle
+    from lookupspec.benchmarks.prompts import load_prompts
+    from lookupspec.models import load_tokenizer, render_chat
+
+    try:
+        budgets = [None if b.strip() == "adaptive" else int(b) for b in args.budgets.split(",") if b.strip()]
+        if any(b is not None and b < 1 for b in budgets) or not budgets:
+            raise ValueError("budgets must be 'adaptive' or positive node counts")
+        result = json.loads(args.source.read_text(encoding="utf-8"))
+        prompts = {p.id: p for p in load_prompts(result["config"]["prompts"])}
+        outputs = [(r["id"], r["kind"], r["tokens"]) for r in result["rows"] if r["system"] == "hf-greedy"]
+        costs = _parse_costs(args.costs) if args.costs else None
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    tokenizer = load_tokenizer(args.model, auto_pull=True)
+    items = [(kind, render_chat(tokenizer, prompts[pid].messages), out) for pid, kind, out in outputs
+             if pid in prompts and len(out) >= 2]
+    if not items:
+        print("error: no hf-greedy rows with prompts to replay", file=sys.stderr)
+        return 2
+    if costs is None:
+        costs = _measure_costs(args, int(statistics.median(len(p) for _, p, _ in items)))
+    print("forward cost table (ms): " + ", ".join(f"{n}: {1000 * costs[n]:.1f}" for n in COST_SIZES))
+    print("\n| kind | budget | acceptance length | copy oracle | acceptance / oracle | nodes verified "
+          "per step | est. decode speedup vs plain |\n|---|---|---:|---:|---:|---:|---:|")
+    oracles = [copy_oracle(p, out).value or 1.0 for _, p, out in items]
+    for budget in budgets:
+        parts = _engine_parts()  # a fresh "engine" per rule: nothing learned under another rule
+        by_kind: dict[str, list[tuple[ReplayResult, float]]] = {}
+        for (kind, prompt, out), oracle in zip(items, oracles, strict=True):
+            by_kind.setdefault(kind, []).append((replay_prompt(prompt, out, parts, costs, budget), oracle))
+        for kind, rs in [*by_kind.items(), ("all", [x for v in by_kind.values() for x in v])]:
+            al = statistics.mean(r.acceptance_length or 1.0 for r, _ in rs)
+            orc = statistics.mean(o for _, o in rs)
+            nodes = sum(r.nodes for r, _ in rs) / sum(r.steps for r, _ in rs)
+            speed = statistics.median(r.plain_seconds / r.seconds for r, _ in rs if r.seconds > 0)
+            print(f"| {kind} | {'adaptive' if budget is None else budget} | {al:.2f} | {orc:.2f} | "
+                  f"{al / orc:.0%} | {nodes:.1f} | {speed:.2f}x |")
+    return 0
+
