@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from lookupspec import kernels
-from lookupspec.adaptive import BudgetPolicy, CostModel, DraftModelGate, ScoreCalibration
+from lookupspec.adaptive import BudgetPolicy, CostModel, DraftModelGate, Exploration, ScoreCalibration
 from lookupspec.cpu_attention import use_gqa_sdpa
 from lookupspec.kvcache import KVCache
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
@@ -127,9 +127,7 @@ class Engine:
         self.calibration = ScoreCalibration()  # lookup path scores -> observed acceptance
         self.aggregate = AggregateStats()
         self.dtype = next(model.parameters()).dtype
-        self.explore_every = 8  # refused steps with a non-empty lookup tree before exploring
-        self.explore_nodes = 2
-        self._explore = 0
+        self.exploration = Exploration()  # verify refused lookup trees now and then
 
     # ------------------------------------------------------------------------------------ forwards
 
@@ -189,17 +187,7 @@ class Engine:
             scores = self.calibration.apply(np.asarray(tree.score, dtype=np.float64))
             known = self.cost.known() or not self.policy.adaptive
             lookup_k = self.policy.choose(scores, costs) if known else min(len(scores), max_nodes)
-            if lookup_k == 0 and len(scores):
-                # Explore: the scores are calibrated by observed acceptance, and a source that is never
-                # verified never gets the evidence to recover (a bad first request would switch lookups
-                # off for good). Every few refused steps, verify the top nodes anyway; two extra nodes
-                # in a forward cost a few percent of a step on the machines measured.
-                self._explore += 1
-                if self._explore >= self.explore_every:
-                    self._explore = 0
-                    lookup_k = min(len(scores), self.explore_nodes)
-            elif lookup_k:
-                self._explore = 0
+            lookup_k = self.exploration.adjust(lookup_k, len(scores))
             if lookup_k and costs[lookup_k + 1] > 0:
                 lookup_rate = (1.0 + float(scores[:lookup_k].sum())) / costs[lookup_k + 1]
         draft_s = time.perf_counter() - t0
@@ -295,9 +283,7 @@ class Engine:
             if draft.tree is not None and session is not None:
                 session.feedback(draft.tree, result.accepted)
                 if n and len(draft.tree.score) == n:  # the verified tree (not one refused whole)
-                    on_path = np.zeros(n, dtype=bool)
-                    on_path[list(result.accepted)] = True
-                    self.calibration.observe(np.asarray(draft.tree.score, dtype=np.float64), on_path)
+                    self.calibration.observe_path(draft.tree.score, result.accepted)
             if n and draft.sources[0] == "draft_model":
                 self.gate.observe(n, accepted)
             generated += len(kept)

@@ -72,3 +72,14 @@ def test_draft_model_gate_closes_and_probes() -> None:
     assert not gate.probe_due()
     gate.steps_since_use = 4
     assert gate.probe_due()
+
+
+def test_exploration_verifies_the_top_nodes_after_enough_refused_steps():
+    from lookupspec.adaptive import Exploration
+
+    ex = Exploration(every=3, nodes=2)
+    assert [ex.adjust(0, 5) for _ in range(3)] == [0, 0, 2]  # the third refused step explores
+    assert ex.adjust(0, 0) == 0  # an empty tree is not a refusal
+    assert [ex.adjust(0, 1) for _ in range(3)] == [0, 0, 1]  # never more nodes than the tree has
+    assert ex.adjust(0, 4) == 0 and ex.adjust(3, 4) == 3  # a chosen draft resets the count
+    assert [ex.adjust(0, 4) for _ in range(3)] == [0, 0, 2]

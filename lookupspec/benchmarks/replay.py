@@ -31,7 +31,6 @@ from lookupspec.commands.common import add_model_arguments
 
 __all__ = ["ReplayResult", "accepted_path", "configure", "replay_prompt", "run"]
 
-EXPLORE_EVERY, EXPLORE_NODES = 8, 2  # the engine's exploration of refused trees (Engine.__init__)
 COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
@@ -66,13 +65,14 @@ class ReplayResult:
 def replay_prompt(prompt: Sequence[int], output: Sequence[int], engine_parts: dict[str, Any],
                   costs: np.ndarray, budget: int | None) -> ReplayResult:
     """Decode ``output`` again after ``prompt``; ``budget`` None = the adaptive policy.
-    ``engine_parts`` holds ``drafting``, ``calibration`` and ``policy``, shared across prompts as an
-    engine shares them across requests; ``costs`` [>= 34] seconds per forward size."""
+    ``engine_parts`` holds ``drafting``, ``calibration``, ``policy`` and ``exploration``, shared across
+    prompts as an engine shares them across requests; ``costs`` [>= 34] seconds per forward size."""
     from lookupspec.params import LOOKUP_SOURCES, SpecParams
 
-    drafting, calibration, policy = (engine_parts[k] for k in ("drafting", "calibration", "policy"))
+    drafting, calibration, policy, exploration = (
+        engine_parts[k] for k in ("drafting", "calibration", "policy", "exploration"))
     session = drafting.session(list(prompt), SpecParams(sources=LOOKUP_SOURCES), None)
-    n, t, steps, seconds, refused, nodes = len(output), 1, 0, 0.0, 0, 0
+    n, t, steps, seconds, nodes = len(output), 1, 0, 0.0, 0
     session.extend(output[:1])
     while t < n:
         room = min(n - t - 1, len(costs) - 2)
@@ -81,20 +81,13 @@ def replay_prompt(prompt: Sequence[int], output: Sequence[int], engine_parts: di
             tree = session.propose(room if budget is None else min(room, budget))
             scores = calibration.apply(np.asarray(tree.score, np.float64))
             k = policy.choose(scores, costs) if budget is None else len(scores)
-            if k == 0 and len(scores):
-                refused += 1
-                if refused >= EXPLORE_EVERY:
-                    refused, k = 0, min(len(scores), EXPLORE_NODES)
-            elif k:
-                refused = 0
+            k = exploration.adjust(k, len(scores))
         path: list[int] = []
         if tree is not None and k:
             sub = tree.prefix(k)
             path = accepted_path([int(x) for x in sub.tokens], [int(x) for x in sub.parents], output[t:])
             session.feedback(sub, path)
-            on_path = np.zeros(k, bool)
-            on_path[path] = True
-            calibration.observe(np.asarray(sub.score, np.float64), on_path)
+            calibration.observe_path(sub.score, path)
         emit = min(len(path) + 1, n - t)
         session.extend(output[t:t + emit])
         t += emit
@@ -105,10 +98,11 @@ def replay_prompt(prompt: Sequence[int], output: Sequence[int], engine_parts: di
 
 
 def _engine_parts() -> dict[str, Any]:
-    from lookupspec.adaptive import BudgetPolicy, ScoreCalibration
+    from lookupspec.adaptive import BudgetPolicy, Exploration, ScoreCalibration
     from lookupspec.drafting.factory import LookupDrafting
 
-    return {"drafting": LookupDrafting(), "calibration": ScoreCalibration(), "policy": BudgetPolicy()}
+    return {"drafting": LookupDrafting(), "calibration": ScoreCalibration(), "policy": BudgetPolicy(),
+            "exploration": Exploration()}
 
 
 def _parse_costs(text: str) -> np.ndarray:
@@ -123,13 +117,10 @@ def _parse_costs(text: str) -> np.ndarray:
     return model.table(COST_SIZES[-1] + 2)
 
 
-def _measure_costs(args: argparse.Namespace, context: int) -> np.ndarray:
+def _measure_costs(loaded: Any, args: argparse.Namespace, context: int) -> np.ndarray:
     from lookupspec.cpu_linear import pack_linears
     from lookupspec.engine import Engine
-    from lookupspec.models import load_model
 
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device, auto_pull=True,
-                        log=lambda m: print(m, file=sys.stderr))
     if args.packed_linear:
         pack_linears(loaded.model)
     engine = Engine(loaded.model, context_window=loaded.context_window)
@@ -151,7 +142,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from lookupspec.benchmarks.oracle import copy_oracle
     from lookupspec.benchmarks.prompts import load_prompts
-    from lookupspec.models import load_tokenizer, render_chat
+    from lookupspec.models import load_model, load_tokenizer, render_chat
 
     try:
         budgets = [None if b.strip() == "adaptive" else int(b) for b in args.budgets.split(",") if b.strip()]
@@ -164,14 +155,18 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    tokenizer = load_tokenizer(args.model, auto_pull=True)
+    loaded = None  # the model is loaded only to measure costs; it brings its tokenizer
+    if costs is None:
+        loaded = load_model(args.model, dtype=args.dtype, device=args.device, auto_pull=True,
+                            log=lambda m: print(m, file=sys.stderr))
+    tokenizer = loaded.tokenizer if loaded is not None else load_tokenizer(args.model, auto_pull=True)
     items = [(kind, render_chat(tokenizer, prompts[pid].messages), out) for pid, kind, out in outputs
              if pid in prompts and len(out) >= 2]
     if not items:
         print("error: no hf-greedy rows with prompts to replay", file=sys.stderr)
         return 2
     if costs is None:
-        costs = _measure_costs(args, int(statistics.median(len(p) for _, p, _ in items)))
+        costs = _measure_costs(loaded, args, int(statistics.median(len(p) for _, p, _ in items)))
     print("forward cost table (ms): " + ", ".join(f"{n}: {1000 * costs[n]:.1f}" for n in COST_SIZES))
     print("\n| kind | budget | acceptance length | copy oracle | acceptance / oracle | nodes verified "
           "per step | est. decode speedup vs plain |\n|---|---|---:|---:|---:|---:|---:|")
