@@ -34,6 +34,7 @@ from lookupspec import kernels
 from lookupspec.adaptive import BudgetPolicy, CostModel, DraftModelGate, Exploration, ScoreCalibration
 from lookupspec.cpu_attention import use_gqa_sdpa
 from lookupspec.kvcache import KVCache
+from lookupspec.lean_forward import LeanForward
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.sampling import SamplingParams, select_tokens
 from lookupspec.stats import AggregateStats, RequestStats
@@ -99,16 +100,20 @@ class Engine:
     """Speculative decoding over a Hugging Face causal LM (and optionally a draft model).
 
     A model on transformers' ``sdpa`` attention is switched to :mod:`lookupspec.cpu_attention`'s
-    grouped-query variant (bit-identical output; draft-tree forwards skip a copy of the KV cache)."""
+    grouped-query variant (bit-identical output; draft-tree forwards skip a copy of the KV cache).
+    Forwards over a filled cache (decode and verification) of a Llama-shaped float32 CPU model run
+    through :class:`~lookupspec.lean_forward.LeanForward` (bit-identical, less Python per step);
+    ``lean=False`` keeps transformers' forward for every step."""
 
     def __init__(self, model: Any, *, draft_model: Any | None = None, context_window: int | None = None,
                  spec: SpecParams | None = None, lookup: Any | None = None,
-                 policy: BudgetPolicy | None = None) -> None:
+                 policy: BudgetPolicy | None = None, lean: bool = True) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         use_gqa_sdpa(model)
         if draft_model is not None:
             use_gqa_sdpa(draft_model)
+        self.lean = LeanForward.for_model(model) if lean else None
         cfg = model.config
         self.vocab_size = int(cfg.vocab_size)
         window = context_window or getattr(cfg, "max_position_embeddings", None) or 2048
@@ -136,6 +141,9 @@ class Engine:
                  attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids: [1, n] -> logits [logits_to_keep or n, vocab] (float32)."""
+        if self.lean is not None and cache.length > 0:
+            return self.lean(input_ids, cache, attention_mask=attention_mask, position_ids=position_ids,
+                             logits_to_keep=logits_to_keep).float()
         out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
                          logits_to_keep=logits_to_keep, attention_mask=attention_mask,
                          position_ids=position_ids)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lookupspec.cpu_linear import PackedLinear, pack_linears, packing_available
+from lookupspec.cpu_linear import FusedLinears, PackedLinear, pack_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
 
@@ -67,3 +67,20 @@ def test_a_derived_layers_draft_shares_the_targets_packed_layers(tiny_models) ->
     assert draft.lm_head is target.lm_head  # packed once, not a second copy of the LM head
     assert draft.model.layers[0] is target.model.layers[0]
     assert not any(type(m) is torch.nn.Linear for m in draft.modules())
+
+
+def test_fused_linears_equal_their_parts_bit_for_bit() -> None:
+    torch.manual_seed(0)
+    for bias in (True, False):
+        parts = [PackedLinear(torch.nn.Linear(576, out, bias=bias)) for out in (576, 192, 192)]
+        group = FusedLinears.fuse(parts)
+        assert group is not None and group.bounds == [(0, 576), (576, 768), (768, 960)]
+        assert (group.bias is not None) == bias
+        with torch.inference_mode():
+            for rows in (1, 3, 7, 30, 200):
+                x = torch.randn(1, rows, 576)
+                assert torch.equal(group(x), torch.cat([p(x) for p in parts], dim=-1))
+    one = parts[0]
+    assert FusedLinears.fuse([one]) is None  # nothing to fuse
+    assert FusedLinears.fuse([one, PackedLinear(torch.nn.Linear(32, 8))]) is None  # another input width
+    assert FusedLinears.fuse([one, PackedLinear(torch.nn.Linear(576, 8, bias=True))]) is None  # some biased

@@ -7,7 +7,9 @@ request: from asking for the first token (prefill included) to receiving the las
 - ``lookupspec``: :class:`lookupspec.engine.Engine`, built by :func:`build_lookupspec_engine` (the one
   place to adjust when the engine's constructor changes); target forwards come from its statistics.
 - ``lookupspec-plain``: the same engine with speculation off, to separate what the packed linear
-  layers give from what drafting gives.
+  layers and the lean forward give from what drafting gives.
+- ``lookupspec-hf-forward``: the engine with speculation but transformers' own forward for every
+  step (no :mod:`lookupspec.lean_forward`), to show what the lean forward gives.
 - ``hf-greedy``: ``model.generate(do_sample=False)``, the exactness reference.
 - ``hf-pld``: prompt lookup decoding, ``generate(prompt_lookup_num_tokens=10)``.
 - ``hf-assisted``: assisted generation, ``generate(assistant_model=<the draft model>)``.
@@ -39,7 +41,7 @@ __all__ = [
 ]
 
 HF_SYSTEMS = ("hf-greedy", "hf-pld", "hf-assisted")
-LOOKUPSPEC_SYSTEMS = ("lookupspec", "lookupspec-plain")
+LOOKUPSPEC_SYSTEMS = ("lookupspec", "lookupspec-plain", "lookupspec-hf-forward")
 SYSTEMS = (*LOOKUPSPEC_SYSTEMS, *HF_SYSTEMS)
 PLD_TOKENS = 10  # prompt_lookup_num_tokens for hf-pld (the value the issue's targets refer to)
 
@@ -73,7 +75,7 @@ class ForwardCounter:
 
 
 def build_lookupspec_engine(target: LoadedModel, draft: LoadedModel | None, *,
-                            speculate: bool = True) -> tuple[Any, SpecParams]:
+                            speculate: bool = True, lean: bool = True) -> tuple[Any, SpecParams]:
     """The engine and per-request speculation settings a ``lookupspec`` system benchmarks: lookups
     always, the draft model when one is given; the cost model is seeded by a warm-up. The engine
     runs on its own copy of the models with oneDNN-packed linear layers (as ``TextEngine.load``
@@ -89,7 +91,7 @@ def build_lookupspec_engine(target: LoadedModel, draft: LoadedModel | None, *,
     if draft is not None and speculate:
         draft_model = copy.deepcopy(draft.model)
         pack_linears(draft_model)
-    engine = Engine(model, context_window=target.context_window, draft_model=draft_model)
+    engine = Engine(model, context_window=target.context_window, draft_model=draft_model, lean=lean)
     engine.warmup()
     if not speculate:
         return engine, SpecParams(enabled=False)
@@ -99,14 +101,16 @@ def build_lookupspec_engine(target: LoadedModel, draft: LoadedModel | None, *,
 
 class LookupspecSystem:
     """``lookupspec``: the engine with speculation; ``lookupspec-plain``: the same engine decoding
-    one token per forward (what the packed kernels alone give, without drafting)."""
+    one token per forward (what the packed kernels and the lean forward give, without drafting);
+    ``lookupspec-hf-forward``: speculation on transformers' forward."""
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, eos_ids: Sequence[int],
                  name: str = "lookupspec") -> None:
         if name not in LOOKUPSPEC_SYSTEMS:
             raise ValueError(f"unknown lookupspec system {name!r}")
         self.name = name
-        self.engine, self.spec = build_lookupspec_engine(target, draft, speculate=name == "lookupspec")
+        self.engine, self.spec = build_lookupspec_engine(target, draft, speculate=name != "lookupspec-plain",
+                                                         lean=name != "lookupspec-hf-forward")
         self.eos_ids = tuple(eos_ids)
         self.uses_draft_model = "draft_model" in self.spec.sources and self.spec.enabled
 
