@@ -106,3 +106,19 @@ def test_lean_forward_is_bit_identical_on_smollm2(real_text_engine) -> None:
     text = "Summarize: the quick brown fox jumps over the lazy dog. " * 20
     prompt = real_text_engine.encode_prompt(messages=[{"role": "user", "content": text}])
     _compare(engine.model, engine.lean, torch.tensor([prompt]), sizes=(1, 4, 16))
+
+
+def test_bench_systems_with_and_without_the_lean_forward(tiny_models) -> None:
+    from lookupspec.benchmarks.systems import LookupspecSystem
+    from lookupspec.models import load_model
+
+    target = load_model(str(tiny_models["tiny-llama"]))
+    systems = {name: LookupspecSystem(target, None, (2,), name)
+               for name in ("lookupspec", "lookupspec-hf-forward", "lookupspec-plain")}
+    lean = {name: s.engine.lean is not None for name, s in systems.items()}
+    spec = {name: s.spec.enabled for name, s in systems.items()}
+    assert lean == {"lookupspec": True, "lookupspec-hf-forward": False, "lookupspec-plain": True}
+    assert spec == {"lookupspec": True, "lookupspec-hf-forward": True, "lookupspec-plain": False}
+    prompt = list(range(3, 60)) + list(range(3, 30))
+    runs = [s.generate(prompt, 24).tokens for s in systems.values()]
+    assert runs[0] == runs[1] == runs[2]
