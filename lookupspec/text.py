@@ -68,11 +68,12 @@ class TextEngine:
     @classmethod
     def load(cls, model: str, *, draft_model: str | None = None, dtype: str = "float32", device: str = "cpu",
              auto_pull: bool = False, warmup: bool = False, packed_linear: bool = True,
-             **kwargs: Any) -> TextEngine:
+             lean_forward: bool = True, **kwargs: Any) -> TextEngine:
         """Load a target (and optionally a draft model: a model spec sharing the target's tokenizer, or
         ``self:layers=K`` / ``self:int8`` derived from the target). ``packed_linear``: on CPU in
         float32, run the linear layers on oneDNN-prepacked weights (:mod:`lookupspec.cpu_linear`;
-        1.5-3x faster decoding, same arithmetic up to summation order)."""
+        1.5-3x faster decoding, same arithmetic up to summation order). ``lean_forward``: decode
+        through :mod:`lookupspec.lean_forward` where the model allows it (bit-identical, faster)."""
         loaded = load_model(model, dtype=dtype, device=device, auto_pull=auto_pull, **kwargs)
         draft = None
         if draft_model:
@@ -95,7 +96,7 @@ class TextEngine:
             pack_linears(loaded.model, memo=memo)
             if draft is not None:
                 pack_linears(draft, memo=memo)
-        te = cls(loaded, draft_model=draft)
+        te = cls(loaded, draft_model=draft, lean=lean_forward)
         if warmup:
             te.engine.warmup()
         return te

@@ -34,3 +34,24 @@ def test_generate_rejects_bad_max_tokens():
     proc = _run("generate", "--max-tokens", "0", "hi")
     assert proc.returncode == 2
     assert "must be >= 1" in proc.stderr
+
+
+def test_generate_without_lean_forward_or_packed_layers_gives_the_same_text(tiny_models):
+    import os
+
+    from lookupspec.text import TextEngine
+
+    model = str(tiny_models["tiny-qwen2"])
+    assert TextEngine.load(model).engine.lean is not None
+    assert TextEngine.load(model, lean_forward=False).engine.lean is None
+    runs = [
+        _run("generate", "--model", model, "--max-tokens", "16", "def add(a, b):"),
+        _run("generate", "--model", model, "--max-tokens", "16", "--no-lean-forward", "--no-packed-linear",
+             "def add(a, b):"),
+        _run("generate", "--model", model, "--max-tokens", "16", "def add(a, b):",
+             env={**os.environ, "LOOKUPSPEC_LEAN_FORWARD": "0"}),
+    ]
+    assert all(p.returncode == 0 for p in runs), [p.stderr for p in runs]
+    assert runs[0].stdout == runs[1].stdout == runs[2].stdout != ""
+    help_text = _run("generate", "--help").stdout
+    assert "--no-lean-forward" in help_text and "LOOKUPSPEC_LEAN_FORWARD" in help_text

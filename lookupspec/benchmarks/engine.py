@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     counter = ForwardCounter(target.model)
     runners: dict[str, Any] = {}
     for name in systems:
-        runners[name] = (LookupspecSystem(target, draft, eos, name) if name in LOOKUPSPEC_SYSTEMS
+        runners[name] = (LookupspecSystem(target, draft, eos, name, packed_linear=args.packed_linear,
+                                          lean_forward=args.lean_forward) if name in LOOKUPSPEC_SYSTEMS
                          else HFSystem(name, target, eos, counter, draft))
 
 

@@ -271,7 +271,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         te = TextEngine.load(args.model, dtype=args.dtype, device=args.device, auto_pull=True,
-                             packed_linear=args.packed_linear, log=lambda m: print(m, file=sys.stderr))
+                             packed_linear=args.packed_linear, lean_forward=args.lean_forward,
+                             log=lambda m: print(m, file=sys.stderr))
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -123,7 +123,7 @@ def _measure_costs(loaded: Any, args: argparse.Namespace, context: int) -> np.nd
 
     if args.packed_linear:
         pack_linears(loaded.model)
-    engine = Engine(loaded.model, context_window=loaded.context_window)
+    engine = Engine(loaded.model, context_window=loaded.context_window, lean=args.lean_forward)
     engine.warmup(COST_SIZES, context=min(context, loaded.context_window - COST_SIZES[-1] - 8))
     return engine.cost.table(COST_SIZES[-1] + 2)
 

@@ -75,22 +75,26 @@ class ForwardCounter:
 
 
 def build_lookupspec_engine(target: LoadedModel, draft: LoadedModel | None, *,
-                            speculate: bool = True, lean: bool = True) -> tuple[Any, SpecParams]:
+                            speculate: bool = True, lean: bool = True,
+                            packed_linear: bool = True) -> tuple[Any, SpecParams]:
     """The engine and per-request speculation settings a ``lookupspec`` system benchmarks: lookups
     always, the draft model when one is given; the cost model is seeded by a warm-up. The engine
-    runs on its own copy of the models with oneDNN-packed linear layers (as ``TextEngine.load``
-    serves them); the HF systems keep the stock model."""
+    runs on its own copy of the models with oneDNN-packed linear layers unless ``packed_linear`` is
+    false (as ``TextEngine.load`` serves them) and on the lean forward unless ``lean`` is false; the HF
+    systems keep the stock model."""
     import copy
 
     from lookupspec.cpu_linear import pack_linears
     from lookupspec.engine import Engine
 
     model = copy.deepcopy(target.model)
-    pack_linears(model)
+    if packed_linear:
+        pack_linears(model)
     draft_model = None
     if draft is not None and speculate:
         draft_model = copy.deepcopy(draft.model)
-        pack_linears(draft_model)
+        if packed_linear:
+            pack_linears(draft_model)
     engine = Engine(model, context_window=target.context_window, draft_model=draft_model, lean=lean)
     engine.warmup()
     if not speculate:
@@ -105,12 +109,13 @@ class LookupspecSystem:
     ``lookupspec-hf-forward``: speculation on transformers' forward."""
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, eos_ids: Sequence[int],
-                 name: str = "lookupspec") -> None:
+                 name: str = "lookupspec", *, packed_linear: bool = True, lean_forward: bool = True) -> None:
         if name not in LOOKUPSPEC_SYSTEMS:
             raise ValueError(f"unknown lookupspec system {name!r}")
         self.name = name
+        lean = lean_forward and name != "lookupspec-hf-forward"
         self.engine, self.spec = build_lookupspec_engine(target, draft, speculate=name != "lookupspec-plain",
-                                                         lean=name != "lookupspec-hf-forward")
+                                                         lean=lean, packed_linear=packed_linear)
         self.eos_ids = tuple(eos_ids)
         self.uses_draft_model = "draft_model" in self.spec.sources and self.spec.enabled
 

@@ -19,6 +19,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         default=os.environ.get("LOOKUPSPEC_PACKED_LINEAR", "1") not in ("0", "false", "no"),
                         help="on CPU float32, keep PyTorch's own linear layers instead of oneDNN-prepacked "
                              "weights (slower; for comparison) [env LOOKUPSPEC_PACKED_LINEAR=0]")
+    parser.add_argument("--no-lean-forward", dest="lean_forward", action="store_false",
+                        default=os.environ.get("LOOKUPSPEC_LEAN_FORWARD", "1") not in ("0", "false", "no"),
+                        help="decode and verify through transformers' own forward instead of lookupspec's "
+                             "lean one (same output, slower; saves the ~280 MB fused copy of the q/k/v and "
+                             "gate/up weights for SmolLM2-135M) [env LOOKUPSPEC_LEAN_FORWARD=0]")
 
 
 def non_negative_int(text: str) -> int:

@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         # warmup: seeds the cost model that decides how much to draft (a few dummy forwards)
         te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
-                             packed_linear=args.packed_linear, auto_pull=True, warmup=True,
+                             packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
+                             warmup=True,
                              log=lambda m: print(m, file=sys.stderr))
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -140,7 +140,8 @@ def _connect(args: argparse.Namespace, log: Any) -> Any:
     model = args.model or os.environ.get("LOOKUPSPEC_MODEL") or DEFAULT_MODEL
     # warmup seeds the cost model the drafting policy (and the speedup estimate) rely on
     return connect(model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
-                   packed_linear=args.packed_linear, auto_pull=True, warmup=True, log=log)
+                   packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
+                   warmup=True, log=log)
 
 
 def _finish(report: Any, client: Any, args: argparse.Namespace) -> None:
