@@ -134,6 +134,9 @@ class LeanForward:
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, cache: Any, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            shape = tuple(input_ids.shape)
+            raise ValueError(f"LeanForward runs one sequence: input_ids must be [1, n], got {shape}")
         n = int(input_ids.shape[1])
         past = cache.length
         if past == 0:

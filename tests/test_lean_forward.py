@@ -82,6 +82,8 @@ def test_lean_forward_declines_what_it_does_not_cover(tiny_models) -> None:
     assert lean is not None
     with pytest.raises(ValueError, match="filled cache"):
         lean(torch.tensor([[5]]), KVCache.for_model(model))
+    with pytest.raises(ValueError, match="one sequence"):
+        lean(torch.tensor([[5], [6]]), KVCache.for_model(model))
 
 
 def test_engine_uses_it_only_when_asked(tiny_models) -> None:
