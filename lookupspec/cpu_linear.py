@@ -83,10 +83,7 @@ class FusedLinears:
                 raise ValueError("cannot fuse layers of which only some have a bias")
             self.bias = torch.cat([p.bias for p in parts]).contiguous() if all(has_bias) else None
         self.in_features = parts[0].in_features
-        ends = [0]
-        for p in parts:
-            ends.append(ends[-1] + p.out_features)
-        self.bounds = [(ends[i], ends[i + 1]) for i in range(len(parts))]
+        self.out_features = sum(p.out_features for p in parts)
 
     @classmethod
     def fuse(cls, parts: Sequence[PackedLinear], batch_hint: int = _BATCH_HINT) -> FusedLinears | None:

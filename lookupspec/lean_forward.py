@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import rotate_half  # qwen2's is the same function
 
 __all__ = ["LeanForward"]
 
@@ -53,11 +54,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     """transformers' LlamaRMSNorm for float32 input, op for op."""
     variance = x.pow(2).mean(-1, keepdim=True)
     return weight * (x * torch.rsqrt(variance + eps))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def _joint(linears: list[Any]) -> Any:
@@ -156,7 +152,7 @@ class LeanForward:
             x = _rms_norm(h, layer.norm_in, layer.norm_in_eps)
             qkv = layer.qkv(x).view(1, n, nq + 2 * nkv, d).transpose(1, 2)
             qk = qkv[:, : nq + nkv]
-            qk = (qk * cos) + (_rotate_half(qk) * sin)
+            qk = (qk * cos) + (rotate_half(qk) * sin)
             keys, values = cache.buffered[i].update(qk[:, nq:], qkv[:, nq + nkv:])
             if n == 1 and attention_mask is not None and nq != nkv:  # transformers' pack_gqa case
                 att = F.scaled_dot_product_attention(
