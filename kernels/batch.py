@@ -45,13 +45,15 @@ class BatchVerifyOutput(NamedTuple):
     recovered: torch.Tensor  # [B] bool: True = recovered token, False = bonus token
 
     def results(self) -> list[VerifyResult]:
-        """Per-request results on the host (one device-to-host copy)."""
-        acc, num = self.accepted.tolist(), self.num_accepted.tolist()
-        nxt, rec = self.next_token.tolist(), self.recovered.tolist()
-        return [
-            VerifyResult(tuple(acc[b][: num[b]]), nxt[b], NextKind.RECOVERED if rec[b] else NextKind.BONUS)
-            for b in range(len(num))
-        ]
+        """Per-request results on the host (one device-to-host copy of all four tensors)."""
+        columns = [self.num_accepted, self.next_token, self.recovered]
+        packed = torch.cat([self.accepted.to(torch.int64), *(c.to(torch.int64)[:, None] for c in columns)],
+                           dim=1).tolist()  # [B, max_nodes + 3]
+        out = []
+        for row in packed:
+            acc, (num, nxt, rec) = row[:-3], row[-3:]
+            out.append(VerifyResult(tuple(acc[:num]), nxt, NextKind.RECOVERED if rec else NextKind.BONUS))
+        return out
 
 
 class RequestBatch(NamedTuple):

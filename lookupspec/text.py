@@ -32,6 +32,8 @@ from lookupspec.stats import RequestStats
 
 __all__ = ["Completion", "TextChunk", "TextEngine"]
 
+_ENGINE_OPTIONS = ("max_slots", "kv_cache_bytes", "prefill_chunk", "spec")
+
 
 @dataclass(frozen=True)
 class TextChunk:
@@ -71,9 +73,12 @@ class TextEngine:
              lean_forward: bool = True, **kwargs: Any) -> TextEngine:
         """Load a target (and optionally a draft model: a model spec sharing the target's tokenizer, or
         ``self:layers=K`` / ``self:int8`` derived from the target). ``packed_linear``: on CPU in
-        float32, run the linear layers on oneDNN-prepacked weights (:mod:`lookupspec.cpu_linear`;
+        float32, run the linear layers on oneDNN-prepacked weights (:mod:`lookupspec.runtime.cpu_linear`;
         1.5-3x faster decoding, same arithmetic up to summation order). ``lean_forward``: decode
-        through :mod:`lookupspec.lean_forward` where the model allows it (bit-identical, faster)."""
+        through :mod:`lookupspec.runtime.lean` where the model allows it (bit-identical, faster).
+        Other keyword arguments go to :class:`~lookupspec.engine.Engine` when it takes them
+        (``max_slots``, ``kv_cache_bytes``, ``prefill_chunk``), else to ``load_model``."""
+        engine_kwargs = {k: kwargs.pop(k) for k in _ENGINE_OPTIONS if k in kwargs}
         loaded = load_model(model, dtype=dtype, device=device, auto_pull=auto_pull, **kwargs)
         draft = None
         if draft_model:
@@ -89,14 +94,15 @@ class TextEngine:
                                           **kwargs)
                 check_same_tokenizer(loaded.tokenizer, draft_loaded.tokenizer)
                 draft = draft_loaded.model
-        if packed_linear:  # after deriving: self:int8 quantizes the plain nn.Linear layers
-            from lookupspec.cpu_linear import pack_linears
+        from lookupspec.runtime import prepare_models
 
-            memo: dict = {}  # a self:layers=K draft shares the target's layers: pack each once
-            pack_linears(loaded.model, memo=memo)
-            if draft is not None:
-                pack_linears(draft, memo=memo)
-        te = cls(loaded, draft_model=draft, lean=lean_forward)
+        prepare_models(loaded.model, draft, packed_linear=packed_linear)  # after deriving: self:int8
+        from lookupspec.runtime import RuntimeUnsupported
+
+        try:
+            te = cls(loaded, draft_model=draft, lean=lean_forward, **engine_kwargs)
+        except RuntimeUnsupported as exc:
+            raise ModelLoadError(str(exc)) from exc
         if warmup:
             te.engine.warmup()
         return te

@@ -12,10 +12,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-__all__ = ["FIXTURES", "TINY_MODELS", "build_tiny_model"]
+__all__ = ["BASIC_MODELS", "FIXTURES", "TINY_MODELS", "build_tiny_model"]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-TINY_MODELS = ("tiny-llama", "tiny-qwen2")
+TINY_MODELS = ("tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-gemma2", "tiny-gemma3")
+# the two Llama-shaped families most tests run on; mistral (one sliding window for every layer),
+# gemma2 (sliding and full layers alternating, soft-capped attention logits) and gemma3 (five sliding
+# layers to one full one in the real models; three to one here) test sliding windows
+BASIC_MODELS = ("tiny-llama", "tiny-qwen2")
 
 
 def build_tiny_model(name: str, out_dir: Path, *, seed: int = 0, fixtures: Path = FIXTURES) -> Path:

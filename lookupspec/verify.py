@@ -22,7 +22,9 @@ Vocabulary (code, metrics, logs and the README use exactly these words):
 - **acceptance length**: tokens a step emits = accepted + 1 (the recovered or bonus token). Plain
   decoding is the step with an empty draft tree: acceptance length 1, always a bonus token.
 
-Rules (the batched kernels in ``lookupspec.kernels`` reproduce them exactly, see ``kernels/``):
+Rules. They are implemented once, batched, in ``lookupspec.kernels`` (the torch twins of
+``kernels/reference.py``, which run on the CPU, and the Triton kernels, tested equal to them, on CUDA);
+:func:`verify_tree` and :func:`verify_rejection` below run them for one request:
 
 - *Greedy*: the target token of a row is ``argmax(logits)`` (first index on ties); a node is accepted
   when it equals its parent row's target token.
@@ -50,22 +52,15 @@ from enum import StrEnum
 
 import torch
 
-from lookupspec.sampling import (
-    STREAM_ACCEPT,
-    STREAM_RECOVER,
-    SamplingParams,
-    accept_uniforms,
-    exponential_from_keys,
-    process_logits,
-    select_tokens,
-    stream_keys,
-)
+from lookupspec.sampling import SamplingParams, process_logits
 
 __all__ = [
     "NextKind",
     "VerifyResult",
+    "check_logits",
     "node_depths",
     "target_probs",
+    "to_index",
     "verify_rejection",
     "verify_tree",
 ]
@@ -100,7 +95,7 @@ class VerifyResult:
         return [int(toks[i]) for i in self.accepted] + [self.next_token]
 
 
-def _as_index(x: Sequence[int] | torch.Tensor, name: str) -> torch.Tensor:
+def to_index(x: Sequence[int] | torch.Tensor, name: str) -> torch.Tensor:
     t = torch.as_tensor(x, dtype=torch.int64, device="cpu") if not isinstance(x, torch.Tensor) else x
     if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
         raise ValueError(f"{name} must be a 1-D integer tensor, got {tuple(t.shape)} {t.dtype}")
@@ -111,7 +106,7 @@ def node_depths(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
     """Depth of every node (the root's children have depth 1). parents: [n] -> [n] int64.
 
     Validates the tree: ``-1 <= parents[i] < i``."""
-    par = _as_index(parents, "parents").tolist()
+    par = to_index(parents, "parents").tolist()
     depths: list[int] = []
     for i, p in enumerate(par):
         if not -1 <= p < i:
@@ -120,7 +115,7 @@ def node_depths(parents: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return torch.tensor(depths, dtype=torch.int64)
 
 
-def _check_logits(logits: torch.Tensor, n: int) -> None:
+def check_logits(logits: torch.Tensor, n: int) -> None:
     if logits.dim() != 2 or logits.shape[0] != n + 1:
         raise ValueError(f"logits must be [n + 1, vocab] = [{n + 1}, vocab] (row 0 = the root), "
                          f"got {tuple(logits.shape)}")
@@ -143,33 +138,17 @@ def verify_tree(
     params: SamplingParams,  # greedy, or sampling with a concrete seed
     root_position: int,  # absolute position of the root token
 ) -> VerifyResult:
-    """Greedy or sample-and-match verification of a deterministic draft tree (or chain)."""
-    tok = _as_index(tokens, "tokens")
-    depths = node_depths(parents)
-    n = tok.numel()
-    if depths.numel() != n:
-        raise ValueError(f"tokens and parents differ in length: {n} vs {depths.numel()}")
-    _check_logits(logits, n)
-    # row 0 predicts root_position + 1, the row of a node at depth d predicts root_position + d + 1
-    positions = root_position + 1 + torch.cat([torch.zeros(1, dtype=torch.int64), depths])
-    targets = select_tokens(logits, params, positions.to(logits.device)).tolist()  # [n + 1]
-
-    par = _as_index(parents, "parents").tolist()
-    toks = tok.tolist()
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(par):
-        children.setdefault(p, []).append(i)  # in index order: the first match wins
-    path: list[int] = []
-    cur = -1
-    while True:
-        want = targets[cur + 1]
-        nxt = next((c for c in children.get(cur, ()) if toks[c] == want), None)
-        if nxt is None:
-            break
-        path.append(nxt)
-        cur = nxt
-    kind = NextKind.RECOVERED if children.get(cur) else NextKind.BONUS
-    return VerifyResult(tuple(path), int(targets[cur + 1]), kind)
+    """Greedy or sample-and-match verification of one deterministic draft tree (or chain): the
+    rules above, run by ``lookupspec.kernels.verify_batch`` for a batch of one request."""
+    tok = to_index(tokens, "tokens")
+    depths = node_depths(parents)  # validates the tree
+    if depths.numel() != tok.numel():
+        raise ValueError(f"tokens and parents differ in length: {tok.numel()} vs {depths.numel()}")
+    check_logits(logits, tok.numel())
+    if not params.greedy and params.seed is None:
+        raise ValueError("sampling needs a concrete seed: call SamplingParams.with_seed() first")
+    return _verify_one(logits, tok.tolist(), to_index(parents, "parents").tolist(), params, root_position,
+                       "greedy" if params.greedy else "match", None)
 
 
 def verify_rejection(
@@ -179,7 +158,8 @@ def verify_rejection(
     params: SamplingParams,  # sampling with a concrete seed (greedy falls back to the greedy rule)
     root_position: int,  # absolute position of the root token
 ) -> VerifyResult:
-    """Rejection sampling of a sampled draft-model chain (exact in distribution).
+    """Rejection sampling of one sampled draft-model chain (exact in distribution), run by
+    ``lookupspec.kernels.verify_batch`` for a batch of one request.
 
     Randomness, all keyed by (seed, position of the token being decided) so that it is reproducible
     and independent of the draft model's own draws (which must use another stream, e.g.
@@ -190,34 +170,24 @@ def verify_rejection(
     where ``max(0, p - q)`` is all zero); the bonus token is ``select_tokens`` at its position, i.e.
     the plain seeded sample.
     """
-    tok = _as_index(tokens, "tokens")
+    tok = to_index(tokens, "tokens")
     n = tok.numel()
-    _check_logits(logits, n)
+    check_logits(logits, n)
     if draft_probs.shape != (n, logits.shape[1]) or not draft_probs.dtype.is_floating_point:
         raise ValueError(f"draft_probs must be float [n, vocab] = [{n}, {logits.shape[1]}], "
                          f"got {tuple(draft_probs.shape)} {draft_probs.dtype}")
-    if params.greedy:
-        # p is one-hot: min(1, p/q) accepts exactly the argmax and max(0, p - q) recovers it
+    if params.greedy:  # p is one-hot: min(1, p/q) accepts exactly the argmax and max(0, p - q) recovers it
         return verify_tree(logits, tok, list(range(-1, n - 1)), params, root_position)
     if params.seed is None:
         raise ValueError("sampling needs a concrete seed: call SamplingParams.with_seed() first")
-    dev = logits.device
-    probs = target_probs(logits, params)  # [n + 1, vocab]
-    q = draft_probs.to(dev, torch.float32)
-    positions = root_position + 1 + torch.arange(n + 1, dtype=torch.int64)  # [n + 1]
-    seeds = torch.full((n + 1,), params.seed, dtype=torch.int64)
-    tok_d = tok.to(dev)
-    rows = torch.arange(n, device=dev)
-    u = accept_uniforms(stream_keys(seeds[:n], positions[:n], STREAM_ACCEPT)).to(dev)  # [n]
-    px, qx = probs[rows, tok_d], q[rows, tok_d]
-    accepted = ((px > 0) & (u * qx <= px)).tolist()
-    a = accepted.index(False) if False in accepted else n
-    if a == n:
-        bonus = select_tokens(logits[n:], params, positions[n:].to(dev))
-        return VerifyResult(tuple(range(n)), int(bonus[0]), NextKind.BONUS)
-    e = exponential_from_keys(stream_keys(seeds[a:a + 1], positions[a:a + 1], STREAM_RECOVER),
-                              logits.shape[1])[0].to(dev)  # [vocab]
-    race = torch.clamp(probs[a] - q[a], min=0.0) / e
-    if not bool(race.max() > 0):
-        race = probs[a] / e
-    return VerifyResult(tuple(range(a)), int(torch.argmax(race)), NextKind.RECOVERED)
+    return _verify_one(logits, tok.tolist(), list(range(-1, n - 1)), params, root_position, "rejection",
+                       draft_probs)
+
+
+def _verify_one(logits: torch.Tensor, tokens: list[int], parents: list[int], params: SamplingParams,
+                root_position: int, mode: str, draft_probs: torch.Tensor | None) -> VerifyResult:
+    from lookupspec import kernels  # kernels.batch imports this module: import at call time
+
+    batch = kernels.pack_requests([(tokens, parents)], [params], [root_position], device=logits.device)
+    probs = None if draft_probs is None else draft_probs.to(logits.device)
+    return kernels.verify_batch(logits, **batch._asdict(), mode=mode, draft_probs=probs).results()[0]

@@ -55,3 +55,17 @@ def test_generate_without_lean_forward_or_packed_layers_gives_the_same_text(tiny
     assert runs[0].stdout == runs[1].stdout == runs[2].stdout != ""
     help_text = _run("generate", "--help").stdout
     assert "--no-lean-forward" in help_text and "LOOKUPSPEC_LEAN_FORWARD" in help_text
+
+
+def test_generate_serves_a_model_that_mixes_sliding_window_and_full_attention_layers(tiny_models):
+    """Gemma 3 (and every configuration mixing sliding-window and full layers) used to stop with
+    "sliding-window attention layers are not supported"; the runtime serves it, drafts included."""
+    from lookupspec.text import TextEngine
+
+    model = str(tiny_models["tiny-gemma3"])
+    prompt = "def parse(argv):\n    parser = argparse.ArgumentParser()\n" * 3  # past the window of 12
+    expected = TextEngine.load(model).complete(prompt=prompt, max_tokens=40).text
+    proc = _run("generate", "--model", model, "--max-tokens", "40", "-v", prompt)
+    assert proc.returncode == 0, proc.stderr
+    assert "not supported" not in proc.stderr
+    assert proc.stdout == expected + "\n"

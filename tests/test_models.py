@@ -30,9 +30,9 @@ def test_tiny_models_are_deterministic_from_their_seed(tmp_path, tiny_models):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
-def test_two_architecture_families_load(tiny_models):
+def test_every_tiny_architecture_family_loads(tiny_models):
     types = {load_model(str(p)).model.config.model_type for p in tiny_models.values()}
-    assert types == {"llama", "qwen2"}
+    assert types == {"llama", "qwen2", "mistral", "gemma2", "gemma3_text"}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])

@@ -1,6 +1,6 @@
-"""Acceptance rules (lookupspec/verify.py): greedy and sample-and-match tree walks on hand-written
-logits, sample-and-match against plain sequential sampling, and rejection sampling's losslessness by
-chi-square tests on a tiny vocabulary.
+"""Acceptance rules (lookupspec/verify.py, which runs the batched kernels for one request): greedy and
+sample-and-match tree walks on hand-written logits, sample-and-match against plain sequential
+sampling, and rejection sampling's losslessness by chi-square tests on a tiny vocabulary.
 
 Statistical tests: each compares observed counts with the target distribution by Pearson's
 chi-square and fails when p < ALPHA = 1e-6; zero-probability outcomes must never occur. The samples

@@ -197,7 +197,7 @@ def _bench_incremental(rng: Any, size: int) -> dict[str, Any]:
 
 
 def _bench_compose(rng: Any, n_steps: int, cfg: Any) -> dict[str, Any]:
-    from lookupspec.drafting import Composer, ContextLookup, CorpusLookup, OutputLookup
+    from lookupspec.drafting import Composer, LookupDrafter
     from lookupspec.index import ContextStore, CorpusStore, OutputStore
 
     corpus_tokens = _zipf(rng, 1_000_000)
@@ -209,7 +209,9 @@ def _bench_compose(rng: Any, n_steps: int, cfg: Any) -> dict[str, Any]:
         outputs.append(out_tokens[i:i + 400])
     stream = _with_copies(rng, _zipf(rng, 32_000 + n_steps), corpus_tokens, 0.4)
     ctx = ContextStore(stream[:32_000])
-    composer = Composer([ContextLookup(ctx, cfg), CorpusLookup([corpus], cfg), OutputLookup(outputs, cfg)])
+    composer = Composer([LookupDrafter((ctx,), cfg, name="context"),
+                         LookupDrafter((corpus,), cfg, name="corpus"),
+                         LookupDrafter((outputs,), cfg, name="output")])
     samples, nodes = [], 0
     clock = time.perf_counter_ns
     gc.disable()

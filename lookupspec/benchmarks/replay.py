@@ -99,7 +99,7 @@ def replay_prompt(prompt: Sequence[int], output: Sequence[int], engine_parts: di
 
 def _engine_parts() -> dict[str, Any]:
     from lookupspec.adaptive import BudgetPolicy, Exploration, ScoreCalibration
-    from lookupspec.drafting.factory import LookupDrafting
+    from lookupspec.drafting.session import LookupDrafting
 
     return {"drafting": LookupDrafting(), "calibration": ScoreCalibration(), "policy": BudgetPolicy(),
             "exploration": Exploration()}
@@ -118,11 +118,10 @@ def _parse_costs(text: str) -> np.ndarray:
 
 
 def _measure_costs(loaded: Any, args: argparse.Namespace, context: int) -> np.ndarray:
-    from lookupspec.cpu_linear import pack_linears
     from lookupspec.engine import Engine
+    from lookupspec.runtime import prepare_models
 
-    if args.packed_linear:
-        pack_linears(loaded.model)
+    prepare_models(loaded.model, packed_linear=args.packed_linear)
     engine = Engine(loaded.model, context_window=loaded.context_window, lean=args.lean_forward)
     engine.warmup(COST_SIZES, context=min(context, loaded.context_window - COST_SIZES[-1] - 8))
     return engine.cost.table(COST_SIZES[-1] + 2)

@@ -9,7 +9,7 @@ request: from asking for the first token (prefill included) to receiving the las
 - ``lookupspec-plain``: the same engine with speculation off, to separate what the packed linear
   layers and the lean forward give from what drafting gives.
 - ``lookupspec-hf-forward``: the engine with speculation but transformers' own forward for every
-  step (no :mod:`lookupspec.lean_forward`), to show what the lean forward gives.
+  step (no :mod:`lookupspec.runtime.lean`), to show what the lean forward gives.
 - ``hf-greedy``: ``model.generate(do_sample=False)``, the exactness reference.
 - ``hf-pld``: prompt lookup decoding, ``generate(prompt_lookup_num_tokens=10)``.
 - ``hf-assisted``: assisted generation, ``generate(assistant_model=<the draft model>)``.
@@ -84,17 +84,12 @@ def build_lookupspec_engine(target: LoadedModel, draft: LoadedModel | None, *,
     systems keep the stock model."""
     import copy
 
-    from lookupspec.cpu_linear import pack_linears
     from lookupspec.engine import Engine
+    from lookupspec.runtime import prepare_models
 
     model = copy.deepcopy(target.model)
-    if packed_linear:
-        pack_linears(model)
-    draft_model = None
-    if draft is not None and speculate:
-        draft_model = copy.deepcopy(draft.model)
-        if packed_linear:
-            pack_linears(draft_model)
+    draft_model = copy.deepcopy(draft.model) if draft is not None and speculate else None
+    prepare_models(model, draft_model, packed_linear=packed_linear)
     engine = Engine(model, context_window=target.context_window, draft_model=draft_model, lean=lean)
     engine.warmup()
     if not speculate:

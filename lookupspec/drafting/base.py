@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from lookupspec.params import LookupScope, SpecParams
 
 import numpy as np
 
-__all__ = ["Candidate", "DraftTree", "Drafter"]
+__all__ = ["Candidate", "DraftSession", "DraftSessions", "DraftTree", "Drafter", "ProposedTree"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,3 +110,40 @@ class DraftTree:
         i32 = np.empty(0, np.int32)
         f32 = np.empty(0, np.float32)
         return cls(i32, i32, np.empty(0, np.int8), i32, f32, i32, f32, tuple(source_names))
+
+
+class ProposedTree(Protocol):
+    """What a drafting session proposes each step (``DraftTree`` is the implementation): nodes
+    ordered by ``score`` so that ``prefix(k)`` is a tree for every ``k``."""
+
+    @property
+    def tokens(self) -> np.ndarray: ...  # [n] int
+    @property
+    def parents(self) -> np.ndarray: ...  # [n] int, -1 = root
+    @property
+    def source(self) -> np.ndarray: ...  # [n] index into source_names
+    @property
+    def score(self) -> np.ndarray: ...  # [n] float, descending
+    @property
+    def source_names(self) -> tuple[str, ...]: ...
+
+    def prefix(self, k: int) -> ProposedTree: ...
+
+
+class DraftSession(Protocol):
+    """One request's lookup drafting (``drafting.session.LookupSession`` is the implementation): it
+    proposes a tree for the current context, follows the tokens the request emits and learns from
+    what verification accepted."""
+
+    def propose(self, max_nodes: int, chain_only: bool = False) -> ProposedTree: ...
+
+    def extend(self, tokens: Sequence[int]) -> None: ...
+
+    def feedback(self, tree: ProposedTree, accepted: Sequence[int]) -> None: ...
+
+
+class DraftSessions(Protocol):
+    """Engine-wide lookup drafting: one session per request (``drafting.session.LookupDrafting``)."""
+
+    def session(self, context: Sequence[int], spec: SpecParams,
+                scope: LookupScope | None) -> DraftSession: ...

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from lookupspec.kvcache import KVCache
+from lookupspec.runtime.kvcache import KVCache
 from lookupspec.sampling import (
     STREAM_DRAFT,
     SamplingParams,

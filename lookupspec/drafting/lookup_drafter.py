@@ -1,4 +1,11 @@
-"""What the three lookup drafters share: ask one or more stores, score by counts and statistics.
+"""The lookup drafter: ask one or more token stores, score by counts and statistics.
+
+One class serves the three lookup sources; the source name is an argument: ``context`` over the
+request's own ``ContextStore``, ``corpus`` over the ``CorpusStore`` of each collection it may read,
+``output`` over the namespace's ``OutputStore``. Example::
+
+    drafter = LookupDrafter((docs_a, docs_b), LookupConfig(), stats=process_wide["corpus"], name="corpus")
+    drafter.propose(tail, budget=16)   # -> [Candidate], one per store with a match
 
 A ``LookupDrafter`` offers the ``Drafter`` protocol (``propose`` returns scored ``Candidate`` objects)
 and, for the composer's per-step hot path, ``propose_into``: the stores write their trees straight
@@ -24,8 +31,8 @@ __all__ = ["LookupDrafter"]
 class LookupDrafter:
     """Drafts from ``stores`` (one candidate per store with a match) under one source name."""
 
-    def __init__(self, stores: Sequence[TokenStore], cfg: LookupConfig, *, stats: AcceptanceStats | None,
-                 name: str) -> None:
+    def __init__(self, stores: Sequence[TokenStore], cfg: LookupConfig, *,
+                 stats: AcceptanceStats | None = None, name: str) -> None:
         if not isinstance(cfg, LookupConfig):
             raise TypeError(f"cfg must be a LookupConfig, got {type(cfg).__name__}")
         self.stores = tuple(stores)

@@ -11,10 +11,8 @@ from lookupspec.drafting import (
     AcceptanceStats,
     Candidate,
     Composer,
-    ContextLookup,
-    CorpusLookup,
     DraftTree,
-    OutputLookup,
+    LookupDrafter,
 )
 from lookupspec.index import ContextStore, CorpusStore, LookupConfig, OutputStore
 
@@ -174,7 +172,9 @@ def test_lookup_drafters_end_to_end() -> None:
     outputs = OutputStore(100)
     outputs.append([1, 2, 3, 4, 8])
     cfg = LookupConfig(max_depth=4)
-    comp = Composer([ContextLookup(ctx, cfg), CorpusLookup([corpus], cfg), OutputLookup(outputs, cfg)])
+    comp = Composer([LookupDrafter((ctx,), cfg, name="context"),
+                     LookupDrafter((corpus,), cfg, name="corpus"),
+                     LookupDrafter((outputs,), cfg, name="output")])
     tree = comp.compose(ctx.tokens, 8)
     _check_tree(tree, 8)
     assert set(tree.sources()) == {"context", "corpus", "output"}
@@ -185,7 +185,7 @@ def test_statistics_calibrate_scores() -> None:
     outputs = OutputStore(100)
     outputs.append([1, 2, 3, 4, 8])
     stats = AcceptanceStats()
-    comp = Composer([OutputLookup(outputs, LookupConfig(max_depth=2), stats=stats)])
+    comp = Composer([LookupDrafter((outputs,), LookupConfig(max_depth=2), stats=stats, name="output")])
     before = comp.compose([1, 2, 3], 8)
     assert before.tokens.tolist() == [4, 8]
     for _ in range(20):  # the target keeps accepting the whole chain
@@ -215,7 +215,8 @@ def test_fast_and_slow_paths_build_the_same_tree() -> None:
         def observe(self, *args: np.ndarray) -> None:
             self.inner.observe(*args)
 
-    fast = Composer([ContextLookup(ctx, cfg), CorpusLookup([corpus], cfg)])
+    fast = Composer([LookupDrafter((ctx,), cfg, name="context"),
+                     LookupDrafter((corpus,), cfg, name="corpus")])
     slow = Composer([Slow(d) for d in fast.drafters])
     for i in range(50, 400, 7):
         a = fast.compose(seq[:i], 12)

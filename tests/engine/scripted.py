@@ -61,8 +61,12 @@ class ScriptedSession:
 
 
 class ScriptedDrafting:
-    def __init__(self, truth: list[int], shape: str, vocab: int) -> None:
+    """``truth``: the plain continuation of the one prompt the test runs, or a dict from each prompt
+    (a tuple of ids) to its continuation when a test runs several."""
+
+    def __init__(self, truth: list[int] | dict[tuple[int, ...], list[int]], shape: str, vocab: int) -> None:
         self.truth, self.shape, self.vocab = truth, shape, vocab
 
     def session(self, context, spec, scope):
-        return ScriptedSession(self.truth, context, self.shape, self.vocab)
+        truth = self.truth[tuple(context)] if isinstance(self.truth, dict) else self.truth
+        return ScriptedSession(truth, context, self.shape, self.vocab)

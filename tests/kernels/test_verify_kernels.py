@@ -22,9 +22,10 @@ pytest.importorskip("triton")
 
 from lookupspec.kernels import RequestBatch, pack_requests, reference
 from lookupspec.kernels import verify_triton as fused
+from verify_oracle import oracle_verify_rejection, oracle_verify_tree
 
 from lookupspec.sampling import SamplingParams, gumbel_noise, select_tokens
-from lookupspec.verify import node_depths, target_probs, verify_rejection, verify_tree
+from lookupspec.verify import node_depths, target_probs
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 GREEDY = SamplingParams()
@@ -118,7 +119,7 @@ def make_case(
 
 
 def check(case: Case, mode: str, gen: torch.Generator) -> None:
-    """Kernel == twin field by field; twin == verify.py request by request."""
+    """Kernel == twin field by field; twin == the plain per-request oracle request by request."""
     kw = case.batch._asdict()
     ref = reference.verify_batch(case.logits, **kw, mode=mode, draft_probs=case.draft_probs)
     out = fused.verify_batch(case.logits, **kw, mode=mode, draft_probs=case.draft_probs)
@@ -134,10 +135,10 @@ def check(case: Case, mode: str, gen: torch.Generator) -> None:
         if mode == "rejection":
             assert case.draft_probs is not None
             q = case.draft_probs[off[b] - b : off[b + 1] - b - 1]
-            expected = verify_rejection(rows, tokens, q, params, case.roots[b])
+            expected = oracle_verify_rejection(rows, tokens, q, params, case.roots[b])
         else:
-            expected = verify_tree(rows, tokens, parents, params, case.roots[b])
-        assert results[b] == expected, f"request {b} ({where}): twin {results[b]} != verify.py {expected}"
+            expected = oracle_verify_tree(rows, tokens, parents, params, case.roots[b])
+        assert results[b] == expected, f"request {b} ({where}): twin {results[b]} != oracle {expected}"
 
 
 # --- random batches ----------------------------------------------------------------------------------

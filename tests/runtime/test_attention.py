@@ -1,6 +1,6 @@
-"""The grouped-query sdpa variant gives bit-identical outputs to transformers' own sdpa path, for every
-forward shape the engine runs (prefill, one token, causal chains, draft trees), and only switches
-models that use sdpa."""
+"""The runtime's attention: outside a batch it is transformers' sdpa (grouped heads read in place,
+bit-identical), so the served model still runs with ``generate`` and its own caches; inside a batch it
+is per-sequence attention over the slot pool (tested in test_ragged.py)."""
 
 from __future__ import annotations
 
@@ -8,28 +8,27 @@ import pytest
 import torch
 
 from lookupspec import kernels
-from lookupspec.cpu_attention import ATTN_NAME, use_gqa_sdpa
-from lookupspec.kvcache import KVCache
+from lookupspec.runtime import ATTN_NAME, KVCache, use_runtime_attention
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
-def test_gqa_sdpa_is_bit_identical_to_sdpa(tiny_models, name) -> None:
+def test_outside_a_batch_it_is_bit_identical_to_sdpa(tiny_models, name) -> None:
     from lookupspec.models import load_model
 
     # two loads, not a deepcopy: a copied weight can sit at another alignment, and MKL's one-row
     # matmul then sums in another order (seen here), which would hide what this test looks at
-    stock, grouped = (load_model(str(tiny_models[name])).model for _ in range(2))
+    stock, switched = (load_model(str(tiny_models[name])).model for _ in range(2))
     cfg = stock.config
     assert cfg.num_attention_heads > cfg.num_key_value_heads  # the grouped case is what changes
-    assert use_gqa_sdpa(grouped) and grouped.config._attn_implementation == ATTN_NAME
+    assert use_runtime_attention(switched) and switched.config._attn_implementation == ATTN_NAME
     assert stock.config._attn_implementation == "sdpa"
     torch.manual_seed(0)
     prompt = torch.randint(3, cfg.vocab_size, (1, 70))
-    caches = [KVCache.for_model(m, capacity=128) for m in (stock, grouped)]
+    caches = [KVCache.for_model(m, capacity=128) for m in (stock, switched)]
 
     def both(**kw):
         outs = [m(past_key_values=c, use_cache=True, logits_to_keep=0, **kw).logits
-                for m, c in zip((stock, grouped), caches, strict=True)]
+                for m, c in zip((stock, switched), caches, strict=True)]
         assert torch.equal(outs[0], outs[1])
 
     with torch.inference_mode():
@@ -47,13 +46,13 @@ def test_gqa_sdpa_is_bit_identical_to_sdpa(tiny_models, name) -> None:
                 c.truncate(length)
 
 
-def test_only_sdpa_models_are_switched(tiny_models) -> None:
+def test_eager_models_switch_too(tiny_models) -> None:
     from transformers import AutoModelForCausalLM
 
     eager = AutoModelForCausalLM.from_pretrained(str(tiny_models["tiny-llama"]), attn_implementation="eager")
-    assert not use_gqa_sdpa(eager)
-    assert eager.config._attn_implementation == "eager"
-    assert not use_gqa_sdpa(torch.nn.Linear(2, 2))
+    assert use_runtime_attention(eager)
+    assert eager.config._attn_implementation == ATTN_NAME
+    assert not use_runtime_attention(torch.nn.Linear(2, 2))
 
 
 def test_engine_switches_its_model_and_decodes_as_before(tiny_models) -> None:
@@ -73,3 +72,7 @@ def test_engine_switches_its_model_and_decodes_as_before(tiny_models) -> None:
     prompt = ids[0].tolist()
     for spec in (SpecParams(enabled=False), SpecParams()):
         assert [t for s in engine.generate(prompt, params, spec=spec) for t in s.tokens] == reference
+    with torch.inference_mode():  # the switched model still runs transformers' generate
+        again = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
+                               eos_token_id=2, pad_token_id=0)
+    assert again[0, ids.shape[1]:].tolist() == reference

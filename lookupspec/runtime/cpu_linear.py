@@ -23,6 +23,14 @@ is what a decode step's few rows pay for (~50 us per call here). Each output col
 same dot product; :meth:`FusedLinears.fuse` keeps a fusion only where a probe shows the separate
 layers' outputs bit for bit. The lean forward uses it for decode and verification; prefill keeps
 the separate layers, on which it is faster (1000 rows: 1.09 s unfused vs 1.20 s fused, measured).
+
+Batch invariance. A batched forward stacks the rows of many sequences into one product, so a row's
+result must not depend on the other rows. oneDNN's packed products satisfy this for 2 rows and more
+(probed up to 300 rows at random offsets), but for some shapes a one-row product takes another kernel
+and differs in the last bits (SmolLM2's 1536-wide down projection; MKL's plain ``sgemm`` differs at
+almost every row count). :func:`single_row_differs` probes each shape once; a layer whose one-row
+product differs runs it as two copies of the row (``pad_single``), which costs little (the weight is
+read once either way) and makes every row count agree.
 """
 
 from __future__ import annotations
@@ -31,10 +39,48 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["FusedLinears", "PackedLinear", "pack_linears", "packing_available"]
+__all__ = ["FusedLinears", "PackedLinear", "pack_linears", "packing_available", "single_row_differs"]
 
 _BATCH_HINT = 8  # the row count oneDNN tunes the layout for; measured best for 1-32 rows here
 _PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 24, 32, 48, 100)
+_ROW_COUNTS = (2, 3, 5, 8, 13, 32, 100)  # batch-invariance probe: products of these many rows
+
+
+def _matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+            pad_single: bool) -> torch.Tensor:
+    """``x @ W.T + b`` on oneDNN-packed ``W``; with ``pad_single`` a one-row product is run as two
+    copies of the row (see :func:`single_row_differs`)."""
+    x = x.contiguous()
+    if pad_single and x.numel() == x.shape[-1]:
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(1, -1).expand(2, -1).contiguous(), packed, bias,
+                                               "none", [], "")
+        return y[:1].reshape(*x.shape[:-1], y.shape[-1])
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+_ROW_MEMO: dict[tuple, bool | None] = {}
+
+
+def single_row_differs(packed: torch.Tensor, bias: torch.Tensor | None, in_features: int,
+                       out_features: int) -> bool | None:
+    """Whether a row's result depends on the other rows of the product (the batch-invariance probe).
+
+    False: every row count gives a row the same bits. True: products of 2 or more rows agree with
+    each other whatever the other rows are, but a one-row product takes another kernel and differs in
+    the last bits (measured here for SmolLM2's 1536-wide MLP down projection), so one-row calls
+    should run as two rows. None: results depend on the row count (padding cannot help). Kernel
+    choice depends on the shape only, so the answer is remembered per shape."""
+    key = (in_features, out_features, bias is not None, packed.dtype)
+    if key not in _ROW_MEMO:
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(max(_ROW_COUNTS), in_features, generator=gen)
+        with torch.no_grad():
+            full = _matmul(x, packed, bias, False)
+            multi = all(torch.equal(_matmul(x[:m], packed, bias, False), full[:m]) for m in _ROW_COUNTS[:-1])
+            multi = multi and torch.equal(_matmul(x[7:10], packed, bias, False), full[7:10])
+            single = torch.equal(_matmul(x[:1], packed, bias, False), full[:1])
+        _ROW_MEMO[key] = None if not multi else not single
+    return _ROW_MEMO[key]
 
 
 def packing_available() -> bool:
@@ -57,9 +103,11 @@ class PackedLinear(torch.nn.Module):
             # a plain attribute, not a buffer: oneDNN tensors cannot be saved or moved like others
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
             self.bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.pad_single = bool(single_row_differs(self.packed, self.bias, self.in_features,
+                                                  self.out_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        return _matmul(x, self.packed, self.bias, self.pad_single)
 
     def dense_weight(self) -> torch.Tensor:
         """The weight in its ordinary ``[out_features, in_features]`` layout (a new tensor)."""
@@ -84,6 +132,8 @@ class FusedLinears:
             self.bias = torch.cat([p.bias for p in parts]).contiguous() if all(has_bias) else None
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
+        self.pad_single = bool(single_row_differs(self.packed, self.bias, self.in_features,
+                                                  self.out_features))
 
     @classmethod
     def fuse(cls, parts: Sequence[PackedLinear], batch_hint: int = _BATCH_HINT) -> FusedLinears | None:
@@ -101,7 +151,7 @@ class FusedLinears:
         return fused
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        return _matmul(x, self.packed, self.bias, self.pad_single)
 
 
 def pack_linears(model: torch.nn.Module, batch_hint: int = _BATCH_HINT,

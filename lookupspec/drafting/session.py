@@ -17,11 +17,9 @@ import numpy as np
 from lookupspec.index import ContextStore, LookupConfig
 from lookupspec.params import LOOKUP_SOURCES, LookupScope, SpecParams
 
-from .base import Drafter, DraftTree
+from .base import Drafter, DraftTree, ProposedTree
 from .composer import Composer
-from .context import ContextLookup
-from .corpus import CorpusLookup
-from .output import OutputLookup
+from .lookup_drafter import LookupDrafter
 from .stats import AcceptanceStats
 
 __all__ = ["LookupDrafting", "LookupSession"]
@@ -37,11 +35,13 @@ class LookupSession:
         self.store = ContextStore(np.asarray(self.tokens, dtype=np.int32))
         drafters: list[Drafter] = []
         if "context" in spec.sources:
-            drafters.append(ContextLookup(self.store, cfg, stats=drafting.stats["context"]))
+            drafters.append(LookupDrafter((self.store,), cfg, stats=drafting.stats["context"],
+                                          name="context"))
         if scope is not None and "corpus" in spec.sources and scope.corpora:
-            drafters.append(CorpusLookup(list(scope.corpora), cfg, stats=drafting.stats["corpus"]))
+            drafters.append(LookupDrafter(scope.corpora, cfg, stats=drafting.stats["corpus"], name="corpus"))
         if scope is not None and "output" in spec.sources and scope.output is not None:
-            drafters.append(OutputLookup(scope.output, cfg, stats=drafting.stats["output"]))
+            drafters.append(LookupDrafter((scope.output,), cfg, stats=drafting.stats["output"],
+                                          name="output"))
         self.composer = Composer(drafters) if drafters else None
         self._empty = DraftTree.empty(())
 
@@ -56,8 +56,8 @@ class LookupSession:
             return self._empty
         return self.composer.compose(self.tokens, max_nodes, chain_only=chain_only)
 
-    def feedback(self, tree: DraftTree, accepted: Sequence[int]) -> None:
-        if self.composer is not None and len(tree):
+    def feedback(self, tree: ProposedTree, accepted: Sequence[int]) -> None:
+        if self.composer is not None and isinstance(tree, DraftTree) and len(tree):
             self.composer.observe(tree, np.asarray(accepted, dtype=np.int64))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lookupspec.cpu_linear import FusedLinears, PackedLinear, pack_linears, packing_available
+from lookupspec.runtime.cpu_linear import FusedLinears, PackedLinear, pack_linears, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
 

@@ -1,0 +1,280 @@
+"""Batched-runtime benchmark: what a step costs against batch size and rows, what B sequences decode
+together, and whether a sequence's output depends on its batch.
+
+Three sections (``--sections``, all by default), on the default model and prompt file:
+
+- ``cost``: the wall time of one target forward over B sequences (1, 2, 4, 8, 16) x rows per
+  sequence (1, 4, 8, 16) at ~1000-token contexts, configurations interleaved round by round, medians.
+- ``throughput``: aggregate decode tokens/s of B sequences stepping together (the prompts run in
+  waves of B; prefill untimed), plain decoding and with their lookup drafts, against one sequence
+  alone on the same prompts.
+- ``exactness``: every prompt generated greedy and with seeded sampling (temperature 0.8) in batches
+  of 1, 4 and 8 with speculation on (and plain in batches of 8); each output compared with its
+  batch-of-one output. At the first differing position of a pair, the two candidate tokens' scores
+  (logits for greedy; processed logits plus the position's Gumbel noise for sampling) are
+  recomputed by a batch-of-one forward: a difference under ``--epsilon`` is a float near-tie, any
+  other is a bug.
+
+Example: lookupspec bench-batch --limit 16 --json out/batch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS
+from lookupspec.commands.common import add_model_arguments, positive_int
+
+__all__ = ["configure", "run", "run_waves"]
+
+SECTIONS = ("cost", "throughput", "exactness")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSONL prompt file")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help="comma-separated: " + ", ".join(SECTIONS))
+    parser.add_argument("--limit", type=positive_int, default=None,
+                        help="prompts for throughput and exactness (None: all), round-robin across kinds")
+    parser.add_argument("--kinds", default=None, help="comma-separated prompt kinds (None: all)")
+    parser.add_argument("--max-tokens", type=positive_int, default=128, help="new tokens per prompt")
+    parser.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16],
+                        help="cost: sequences per step")
+    parser.add_argument("--rows", type=_ints, default=[1, 4, 8, 16], help="cost: rows per sequence")
+    parser.add_argument("--context", type=positive_int, default=1000, help="cost: tokens in each cache")
+    parser.add_argument("--rounds", type=positive_int, default=7, help="cost: interleaved rounds")
+    parser.add_argument("--throughput-batches", type=_ints, default=[1, 4, 8, 16],
+                        help="throughput: batch sizes (1 is the reference)")
+    parser.add_argument("--exactness-batches", type=_ints, default=[4, 8], help="exactness: batch sizes vs 1")
+    parser.add_argument("--epsilon", type=float, default=1e-3,
+                        help="exactness: largest score difference counted as a float near-tie")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads")
+    parser.add_argument("--json", type=Path, default=None, help="write every measurement here")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_waves(engine: Any, requests: list[tuple[list[int], Any]], batch: int, spec: Any,
+              logits_log: dict | None = None) -> tuple[list[list[int]], float, int]:
+    """Generate every request, ``batch`` at a time, stepping each wave together. Returns the outputs
+    (in request order), the seconds spent in decode steps and the tokens those steps emitted."""
+    outputs: list[list[int]] = [[] for _ in requests]
+    decode_s, decode_tokens = 0.0, 0
+    for w in range(0, len(requests), batch):
+        wave = list(range(w, min(w + batch, len(requests))))
+        seqs = {i: engine.start(requests[i][0], requests[i][1], spec) for i in wave}
+        for i, s in seqs.items():
+            first = engine.prefill(s, engine.prefill_chunk)
+            while first is None:
+                first = engine.prefill(s, engine.prefill_chunk)
+            outputs[i].extend(first.tokens)
+        while True:
+            live = [i for i in wave if seqs[i].running]
+            if not live:
+                break
+            t0 = time.perf_counter()
+            outs = engine.step([seqs[i] for i in live])
+            decode_s += time.perf_counter() - t0
+            for i, o in zip(live, outs, strict=True):
+                outputs[i].extend(o.tokens)
+                decode_tokens += len(o.tokens)
+    return outputs, decode_s, decode_tokens
+
+
+def _cost(engine: Any, prompt_ids: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
+    import torch
+
+    from lookupspec.runtime import SeqRows
+
+    runner = engine.runner
+    ctx = prompt_ids[: args.context]
+    nb = max(args.batch_sizes)
+    slots = [runner.allocate(len(ctx) + max(args.rows) + 2) for _ in range(nb)]
+    times: dict[tuple[int, int], list[float]] = {(b, r): [] for b in args.batch_sizes for r in args.rows}
+    try:
+        for s in slots:
+            runner.prefill(s, ctx)
+        with torch.inference_mode():
+            for _ in range(args.rounds + 1):  # the first round warms every shape up, untimed
+                for b, r in times:
+                    seqs = [SeqRows(slots[i], [ctx[-1 - j] for j in range(r)]) for i in range(b)]
+                    t0 = time.perf_counter()
+                    runner.forward(seqs)
+                    times[(b, r)].append(time.perf_counter() - t0)
+                    for s in seqs:
+                        runner.pool.truncate(s.slot, len(ctx))
+    finally:
+        for s in slots:
+            runner.free(s)
+    rows = []
+    for (b, r), ts in times.items():
+        ms = statistics.median(ts[1:]) * 1000
+        rows.append({"batch": b, "rows": r, "total_rows": b * r, "ms": round(ms, 2),
+                     "rows_per_s": round(b * r / ms * 1000, 1)})
+    return rows
+
+
+def _throughput(engine: Any, requests: list, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from lookupspec.params import SpecParams
+
+    out = []
+    for label, spec in (("plain", SpecParams(enabled=False)), ("lookup", SpecParams(sources=("context",)))):
+        base = None
+        for b in args.throughput_batches:
+            _, seconds, tokens = run_waves(engine, requests, b, spec)
+            rate = tokens / seconds if seconds else 0.0
+            base = rate if b == 1 else base
+            row = {"drafts": label, "batch": b, "decode_tokens": tokens, "decode_s": round(seconds, 2),
+                   "tokens_per_s": round(rate, 1)}
+            if base:
+                row["vs_batch_1"] = round(rate / base, 2)
+            out.append(row)
+            _log(f"throughput {label} B={b}: {rate:.1f} tok/s")
+    return out
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _margin(engine: Any, prompt: list[int], reference: list[int], pos: int, other: int, params: Any) -> float:
+    """Score difference between the batch-of-one token and the other run's token at output index
+    ``pos``, from a batch-of-one forward over the prompt and the shared prefix."""
+    import torch
+
+    from lookupspec.sampling import gumbel_noise, process_logits
+
+    ids = prompt + reference[:pos]
+    slot = engine.runner.allocate(len(ids) + 2)
+    try:
+        logits = engine.runner.prefill(slot, ids)
+    finally:
+        engine.runner.free(slot)
+    sampling = params.sampling
+    if sampling.greedy:
+        scores = logits
+    else:
+        scores = process_logits(logits[None], sampling)[0] + gumbel_noise(
+            sampling.seed, torch.tensor([len(ids)]), logits.shape[-1])[0]
+    return abs(float(scores[reference[pos]] - scores[other]))
+
+
+def _exactness(engine: Any, requests_greedy: list, requests_sampled: list,
+               args: argparse.Namespace) -> list[dict[str, Any]]:
+    from lookupspec.params import SpecParams
+
+    rows = []
+    for label, requests, spec in (("greedy", requests_greedy, SpecParams()),
+                                  ("sampled T=0.8", requests_sampled, SpecParams()),
+                                  ("greedy, plain", requests_greedy, SpecParams(enabled=False))):
+        alone, _, _ = run_waves(engine, requests, 1, spec)
+        batches = args.exactness_batches if spec.enabled else [max(args.exactness_batches)]
+        for b in batches:
+            outs, _, _ = run_waves(engine, requests, b, spec)
+            differ = ties = 0
+            margins = []
+            for (prompt, params), ref, got in zip(requests, alone, outs, strict=True):
+                pos = _first_difference(ref, got)
+                if pos is None:
+                    continue
+                differ += 1
+                if pos < min(len(ref), len(got)):
+                    m = _margin(engine, list(prompt), ref, pos, got[pos], params)
+                    margins.append(m)
+                    ties += m < args.epsilon
+            rows.append({"mode": label, "batch": b, "prompts": len(requests),
+                         "identical": len(requests) - differ, "differ": differ, "near_ties": ties,
+                         "other_differences": differ - ties,
+                         "margins": [round(m, 6) for m in margins]})
+            _log(f"exactness {label} B={b}: {len(requests) - differ}/{len(requests)} identical, "
+                 f"{ties} near-ties, {differ - ties} other")
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from lookupspec.benchmarks.prompts import load_prompts, select_prompts
+    from lookupspec.text import TextEngine
+
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        _log(f"error: unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
+    prompts = select_prompts(load_prompts(args.prompts), kinds, args.limit)
+    _log(f"loading model {args.model} ...")
+    te = TextEngine.load(args.model, dtype=args.dtype, device=args.device, packed_linear=args.packed_linear,
+                         lean_forward=args.lean_forward, auto_pull=True, warmup=True, log=_log)
+    engine = te.engine
+    encoded = [te.encode_prompt(messages=list(p.messages)) for p in prompts]
+    greedy = [(ids, te.params(max_tokens=args.max_tokens)) for ids in encoded]
+    sampled = [(ids, te.params(max_tokens=args.max_tokens, temperature=0.8, seed=1000 + i))
+               for i, ids in enumerate(encoded)]
+    result: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                    "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
+        "model": args.model, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "batch_invariant": engine.runner.batch_invariant, "prompts": len(prompts),
+        "max_tokens": args.max_tokens,
+    }
+    started = time.perf_counter()
+    if "cost" in sections:
+        context = max(encoded, key=len) * (args.context // max(len(max(encoded, key=len)), 1) + 1)
+        result["cost"] = _cost(engine, context, args)
+        _print_cost(result["cost"])
+    if "throughput" in sections:
+        result["throughput"] = _throughput(engine, greedy, args)
+        _print_rows("Aggregate decode throughput", result["throughput"])
+    if "exactness" in sections:
+        result["exactness"] = _exactness(engine, greedy, sampled, args)
+        _print_rows("Exactness against batch-of-one", [{k: v for k, v in r.items() if k != "margins"}
+                                                       for r in result["exactness"]])
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        _log(f"wrote {args.json}")
+    return 0
+
+
+def _print_cost(rows: list[dict[str, Any]]) -> None:
+    batches = sorted({r["batch"] for r in rows})
+    per = sorted({r["rows"] for r in rows})
+    ms = {(r["batch"], r["rows"]): r["ms"] for r in rows}
+    print("\nStep cost (ms) by batch size (rows) and rows per sequence (columns)\n")
+    print("| batch | " + " | ".join(f"{r} rows" for r in per) + " |")
+    print("|---:|" + "---:|" * len(per))
+    for b in batches:
+        print(f"| {b} | " + " | ".join(f"{ms[(b, r)]:.1f}" for r in per) + " |")
+
+
+def _print_rows(title: str, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    keys = list(rows[0])
+    print(f"\n{title}\n")
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in rows:
+        print("| " + " | ".join(str(r.get(k, "")) for k in keys) + " |")

@@ -1,0 +1,373 @@
+"""The KV slot pool: the keys and values of many sequences, one slot per sequence.
+
+Layers are grouped by what their cache must keep. A full-attention layer keeps every committed
+position; a sliding-window layer (window ``W``: a query at position ``q`` sees keys at positions
+``k > q - W``) keeps only the last ``W - 1`` committed positions, which is all any later query can
+see, plus the rows of the forward in flight. Each group stores the keys and values of all its layers
+in one tensor::
+
+    data: [2 * layers, slots, kv_heads, capacity, head_dim]   # keys of layer i at [i], values at [layers + i]
+
+so one layer's keys are ``[slots, kv_heads, capacity, head_dim]`` and one compaction launch covers
+every layer and both tensors of a group (keys and values of a group must share ``head_dim``; a model
+whose value heads differ in width gets two tensors per group, :class:`_Group` hides which).
+
+Per slot the pool tracks ``length`` (positions ``0 .. length - 1`` are committed) and, per group,
+``start``: the position held by entry 0 (always 0 for full attention; it moves forward in a
+sliding group when old entries are dropped). Position ``p`` of a slot lives at entry ``p - start``.
+
+Example (one full layer, capacity 4): ``allocate()`` -> slot 0; a forward writes 3 rows at entries
+0-2 and ``advance(0, 3)`` commits them (length 3); a draft step writes root + 2 nodes at entries 3-5
+(``ensure`` grew the capacity to 8 first), verification accepts node 1 only, ``compact`` moves entry
+5 to entry 4, ``truncate(0, 5)`` drops the rest.
+
+A byte budget (``max_bytes``) is split evenly between the ``max_slots`` slots, so that every slot
+can be in use at once: each may hold ``slot_positions`` positions. A request whose slot cannot grow
+(past its share, or past the context window) gets :class:`PoolFull` from :meth:`ensure`; the engine
+then ends that request with ``finish_reason="length"`` and the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["LayerSpec", "PoolFull", "SlotPool"]
+
+_ALIGN = 64  # capacities are multiples of this many entries
+
+
+class PoolFull(RuntimeError):
+    """A slot could not get the entries it asked for (byte budget or context window)."""
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What one attention layer caches: ``kv_heads`` heads of ``head_dim`` (keys) and ``value_dim``
+    (values) floats per position; ``window`` is the sliding window ``W`` or None (full attention)."""
+
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.kv_heads, self.head_dim, self.value_dim) < 1:
+            raise ValueError(f"kv_heads, head_dim and value_dim must be >= 1: {self}")
+        if self.window is not None and self.window < 2:
+            raise ValueError(f"a sliding window must be >= 2, got {self.window}")
+
+
+def _round_up(n: int, align: int = _ALIGN) -> int:
+    return max(align, -(-int(n) // align) * align)
+
+
+class _Group:
+    """Layers that share a cache shape and window: their storage, capacity and per-slot start."""
+
+    def __init__(self, spec: LayerSpec, layers: list[int], slots: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.spec = spec
+        self.layers = layers
+        self.index = {layer: i for i, layer in enumerate(layers)}
+        self.capacity = capacity
+        self.start = np.zeros(slots, dtype=np.int64)
+        self.dtype, self.device = dtype, device
+        self.tensors = self._alloc(slots, capacity)
+
+    @property
+    def window(self) -> int | None:
+        return self.spec.window
+
+    def _alloc(self, slots: int, capacity: int) -> list[torch.Tensor]:
+        s, n = self.spec, len(self.layers)
+        if s.head_dim == s.value_dim:
+            shapes = [(2 * n, slots, s.kv_heads, capacity, s.head_dim)]
+        else:
+            shapes = [(n, slots, s.kv_heads, capacity, s.head_dim),
+                      (n, slots, s.kv_heads, capacity, s.value_dim)]
+        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for shape in shapes]
+
+    def bytes_for(self, slots: int, capacity: int) -> int:
+        s, n = self.spec, len(self.layers)
+        per_entry = s.kv_heads * (s.head_dim + s.value_dim) * torch.finfo(self.dtype).bits // 8
+        return n * slots * capacity * per_entry
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self.tensors[0][self.index[layer]]
+
+    def values(self, layer: int) -> torch.Tensor:
+        i = self.index[layer]
+        return self.tensors[0][len(self.layers) + i] if len(self.tensors) == 1 else self.tensors[1][i]
+
+    def resize(self, slots: int, capacity: int) -> None:
+        """Reallocate to ``slots`` x ``capacity`` (never smaller), keeping every entry."""
+        old = self.tensors
+        old_slots, old_cap = old[0].shape[1], old[0].shape[3]
+        self.tensors = self._alloc(slots, capacity)
+        for new, prev in zip(self.tensors, old, strict=True):
+            new[:, :old_slots, :, :old_cap].copy_(prev)
+        self.capacity = capacity
+        if slots > len(self.start):
+            self.start = np.concatenate([self.start, np.zeros(slots - len(self.start), np.int64)])
+
+    def move(self, slot: int, src: int, dst: int, count: int, to_slot: int | None = None) -> None:
+        """Copy ``count`` entries of ``slot`` from entry ``src`` to entry ``dst`` (of ``to_slot``)."""
+        if count <= 0:
+            return
+        target = slot if to_slot is None else to_slot
+        for t in self.tensors:
+            piece = t[:, slot, :, src:src + count]
+            if target == slot and src < dst + count and dst < src + count:
+                piece = piece.clone()  # overlapping ranges of one slot
+            t[:, target, :, dst:dst + count].copy_(piece)
+
+
+class SlotPool:
+    """Preallocated KV storage for up to ``max_slots`` sequences of up to ``max_positions`` positions.
+
+    Capacity (entries per slot) and the slot count grow on demand, by doubling, until
+    ``max_bytes`` (None: no budget) would be exceeded. A single-threaded owner (the engine) calls it;
+    nothing here is thread-safe."""
+
+    def __init__(self, layers: Sequence[LayerSpec], *, dtype: torch.dtype, device: torch.device | str = "cpu",
+                 max_slots: int = 64, max_positions: int = 2048, max_bytes: int | None = None,
+                 initial_slots: int = 1, initial_capacity: int = 256, align: int = _ALIGN) -> None:
+        if not layers:
+            raise ValueError("a slot pool needs at least one layer")
+        if max_slots < 1 or max_positions < 2:
+            raise ValueError(f"max_slots must be >= 1 and max_positions >= 2, got {max_slots}, "
+                             f"{max_positions}")
+        self.layer_specs = tuple(layers)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.max_slots = int(max_slots)
+        self.max_positions = int(max_positions)
+        self.max_bytes = max_bytes
+        self.align = int(align)  # capacities are multiples of this many entries
+        slots = min(max(1, initial_slots), self.max_slots)
+        by_spec: dict[LayerSpec, list[int]] = {}
+        for i, spec in enumerate(self.layer_specs):
+            by_spec.setdefault(spec, []).append(i)
+        # A budget is split evenly between the slots: each may hold ``slot_positions`` positions, so
+        # that every slot can be in use at once whatever the others hold.
+        self.slot_positions = self.max_positions
+        if max_bytes is not None:
+            per_position = sum(_Group(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1)
+                               for spec, idx in by_spec.items())
+            share = max_bytes // (per_position * self.max_slots) // self.align * self.align
+            if share < self.align:
+                raise PoolFull(f"a KV budget of {max_bytes} bytes cannot give {self.max_slots} slots "
+                               f"{self.align} positions each ({per_position} bytes per position)")
+            self.slot_positions = min(self.max_positions, share)
+            initial_capacity = min(initial_capacity, self.slot_positions)
+        with torch.inference_mode():  # the engine writes them in inference mode only
+            self.groups = [_Group(spec, idx, slots, self._initial_cap(spec, initial_capacity), dtype,
+                                  self.device) for spec, idx in by_spec.items()]
+        self._group_of = {layer: g for g in self.groups for layer in g.layers}
+        self._group_index = {layer: i for i, g in enumerate(self.groups) for layer in g.layers}
+        self.length = np.zeros(slots, dtype=np.int64)
+        self.used = np.zeros(slots, dtype=bool)
+        if self.max_bytes is not None and self.nbytes > self.max_bytes:
+            raise PoolFull(f"the KV pool needs {self.nbytes} bytes for one slot; "
+                           f"the budget is {self.max_bytes}")
+
+    def _initial_cap(self, spec: LayerSpec, initial: int) -> int:
+        cap = _round_up(min(initial, self.max_positions), self.align)
+        return cap if spec.window is None else min(cap, _round_up(spec.window, self.align))
+
+    # ---- bookkeeping ------------------------------------------------------------------------------
+
+    @property
+    def slots(self) -> int:
+        """Slots allocated in memory (used or free)."""
+        return len(self.length)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(g.bytes_for(self.slots, g.capacity) for g in self.groups)
+
+    def group(self, layer: int) -> _Group:
+        return self._group_of[layer]
+
+    def group_index(self, layer: int) -> int:
+        return self._group_index[layer]
+
+    def keys(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s keys: ``[slots, kv_heads, capacity, head_dim]``."""
+        return self._group_of[layer].keys(layer)
+
+    def values(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s values: ``[slots, kv_heads, capacity, value_dim]``."""
+        return self._group_of[layer].values(layer)
+
+    def start(self, slot: int, layer: int) -> int:
+        """The position held by entry 0 of ``slot`` in ``layer``'s group."""
+        return int(self._group_of[layer].start[slot])
+
+    def in_use(self) -> int:
+        return int(self.used.sum())
+
+    # ---- slots ------------------------------------------------------------------------------------
+
+    def allocate(self, positions: int = 1) -> int:
+        """A free slot with room for ``positions`` positions (length 0). Raises :class:`PoolFull`."""
+        free = np.flatnonzero(~self.used)
+        if free.size:
+            slot = int(free[0])
+        elif self.slots < self.max_slots:
+            slot = self.slots
+            self._resize(min(self.max_slots, max(slot + 1, 2 * self.slots)), None)
+        else:
+            raise PoolFull(f"all {self.max_slots} slots are in use")
+        self.used[slot] = True
+        self.length[slot] = 0
+        for g in self.groups:
+            g.start[slot] = 0
+        try:
+            self.ensure(slot, positions)
+        except PoolFull:
+            self.used[slot] = False
+            raise
+        return slot
+
+    def free(self, slot: int) -> None:
+        self._check(slot)
+        self.used[slot] = False
+        self.length[slot] = 0
+
+    def _check(self, slot: int) -> None:
+        if not (0 <= slot < self.slots and self.used[slot]):
+            raise ValueError(f"slot {slot} is not allocated")
+
+    @torch.inference_mode()
+    def ensure(self, slot: int, positions: int) -> None:
+        """Make room in ``slot`` for positions up to ``positions`` (exclusive): full groups grow,
+        sliding groups first drop entries no later query can see (all but the last ``W - 1``
+        committed positions). Raises :class:`PoolFull` past the context window or the byte budget."""
+        self._check(slot)
+        if positions > self.max_positions:
+            raise PoolFull(f"{positions} positions exceed the context window of {self.max_positions}")
+        if positions > self.slot_positions:
+            raise PoolFull(f"{positions} positions exceed a slot's share of the KV budget "
+                           f"({self.slot_positions} positions for each of {self.max_slots} slots)")
+        grow: dict[int, int] = {}
+        for gi, g in enumerate(self.groups):
+            start = int(g.start[slot])
+            if positions - start <= g.capacity:
+                continue
+            if g.window is not None:
+                keep_from = max(start, int(self.length[slot]) - (g.window - 1))
+                if keep_from > start:
+                    g.move(slot, keep_from - start, 0, int(self.length[slot]) - keep_from)
+                    g.start[slot] = start = keep_from
+                if positions - start <= g.capacity:
+                    continue
+            grow[gi] = positions - start
+        if grow:
+            self._resize(None, grow)
+
+    @torch.inference_mode()
+    def _resize(self, slots: int | None, needed: dict[int, int] | None) -> None:
+        slots = self.slots if slots is None else slots
+        caps = [g.capacity for g in self.groups]
+        for gi, need in (needed or {}).items():
+            caps[gi] = _round_up(min(max(need, 2 * caps[gi]), max(need, self.max_positions)), self.align)
+        total = sum(g.bytes_for(slots, c) for g, c in zip(self.groups, caps, strict=True))
+        if self.max_bytes is not None and total > self.max_bytes:
+            # retry with exactly what is needed before giving up
+            for gi, need in (needed or {}).items():
+                caps[gi] = max(self.groups[gi].capacity, _round_up(need, self.align))
+            total = sum(g.bytes_for(slots, c) for g, c in zip(self.groups, caps, strict=True))
+            if total > self.max_bytes:
+                raise PoolFull(f"the KV pool would need {total / 2**20:.1f} MiB "
+                               f"(budget {self.max_bytes / 2**20:.1f} MiB)")
+        for g, cap in zip(self.groups, caps, strict=True):
+            if slots != g.tensors[0].shape[1] or cap != g.capacity:
+                g.resize(slots, cap)
+        if slots > self.slots:
+            extra = slots - self.slots
+            self.length = np.concatenate([self.length, np.zeros(extra, np.int64)])
+            self.used = np.concatenate([self.used, np.zeros(extra, bool)])
+
+    # ---- contents ---------------------------------------------------------------------------------
+
+    def entry(self, slot: int, layer: int, position: int) -> int:
+        """The entry index that holds (or will hold) ``position`` of ``slot`` in ``layer``."""
+        return position - int(self._group_of[layer].start[slot])
+
+    def advance(self, slot: int, count: int) -> None:
+        """Commit ``count`` more positions (written by a forward at entries from ``length`` on)."""
+        self._check(slot)
+        self.length[slot] += count
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Drop positions from ``length`` on (rejected drafts), O(1). A sliding group must still hold
+        the last ``W - 1`` positions before ``length`` (ValueError otherwise: they were dropped when
+        the sequence grew past them; the engine never truncates below a step's start)."""
+        self._check(slot)
+        if not 0 <= length <= self.length[slot]:
+            raise ValueError(f"cannot truncate slot {slot} of length {self.length[slot]} to {length}")
+        for g in self.groups:
+            if g.window is not None and g.start[slot] > max(0, length - (g.window - 1)):
+                raise ValueError(f"slot {slot} no longer holds positions {length - (g.window - 1)}.. of its "
+                                 "sliding-window layers")
+        self.length[slot] = length
+
+    @torch.inference_mode()
+    def compact(self, slots: Sequence[int], accepted: torch.Tensor, num_accepted: torch.Tensor,
+                base: Sequence[int], *, backend: str | None = None) -> None:
+        """After a tree step: in every layer, move the accepted path's entries next to the root.
+
+        slots: [B] slots of the step's sequences; accepted: [B, M] accepted node indices (local,
+        -1 padded); num_accepted: [B]; base: [B] position of draft node 0 of each sequence. One
+        ``kernels.compact_kv`` launch per group tensor covers every layer (the caller truncates)."""
+        from lookupspec import kernels
+
+        if not len(slots):
+            return
+        m = accepted.shape[1]
+        if m == 0:
+            return
+        dev = accepted.device
+        index = torch.as_tensor(list(slots), dtype=torch.int64, device=dev)
+        for g in self.groups:
+            acc = torch.full((self.slots, m), -1, dtype=torch.int64, device=dev)
+            num = torch.zeros(self.slots, dtype=torch.int64, device=dev)
+            acc[index] = accepted.to(torch.int64)
+            num[index] = num_accepted.to(torch.int64)
+            b = torch.zeros(self.slots, dtype=torch.int64, device=dev)
+            b[index] = torch.as_tensor([int(p) - int(g.start[s]) for p, s in zip(base, slots, strict=True)],
+                                       dtype=torch.int64, device=dev)
+            for t in g.tensors:
+                rows = t.shape[0]  # layers (x2 when keys and values share the tensor)
+                flat = t.view(rows * self.slots, *t.shape[2:])
+                kernels.compact_kv(flat, acc.repeat(rows, 1), num.repeat(rows), b.repeat(rows),
+                                   backend=backend)
+
+    @torch.inference_mode()
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Make ``dst`` hold the first ``length`` positions of ``src`` (a shared prompt prefix).
+
+        A sliding group copies only the last ``W - 1`` of them, which is what later queries see;
+        raises ValueError when ``src`` has already dropped some of those."""
+        self._check(src)
+        self._check(dst)
+        if src == dst:
+            raise ValueError("copy_prefix needs two different slots")
+        if not 0 <= length <= self.length[src]:
+            raise ValueError(f"slot {src} holds {self.length[src]} positions, not {length}")
+        first = [0 if g.window is None else max(0, length - (g.window - 1)) for g in self.groups]
+        for g, lo in zip(self.groups, first, strict=True):
+            if g.start[src] > lo:
+                raise ValueError(f"slot {src} no longer holds positions {lo}.. of its sliding-window layers")
+        self.length[dst] = 0
+        for g, lo in zip(self.groups, first, strict=True):
+            g.start[dst] = lo
+        self.ensure(dst, length)
+        for g, lo in zip(self.groups, first, strict=True):
+            g.move(src, lo - int(g.start[src]), 0, length - lo, to_slot=dst)
+        self.length[dst] = length

@@ -1,0 +1,268 @@
+"""``ModelRunner``: the one seam between the engine and the model's execution.
+
+The engine hands the runner token ids and tree structure; the runner owns everything about running
+the target model: the attention implementation it is switched to, the lean forward where the
+architecture allows one, the KV :class:`~lookupspec.runtime.kvpool.SlotPool`, device and dtype.
+
+- ``prefill(slot, ids)`` runs one chunk of a prompt (a causal chain after the slot's cached
+  positions) through transformers' forward and returns the last row's logits. Long prompts are
+  prefilled in chunks, each a call, so a scheduler can interleave them with decode steps.
+- ``forward(seqs)`` runs a ragged batch (:mod:`lookupspec.runtime.batch`): every sequence's rows
+  (root + draft nodes, a chain, or one token) in one forward, each attending only to its own cache.
+  Logits for all rows come back in one ``[rows, vocab]`` tensor. The lean forward serves it where it
+  covers the model; transformers' forward (switched to the runtime's attention) everywhere else.
+
+When a runner is built it checks itself against the model (:meth:`ModelRunner._probe`):
+
+1. the ragged path agrees with transformers' own forward and cache on a prompt and a draft tree
+   (an architecture the runtime cannot serve, e.g. one that keeps recurrent state, fails here with
+   a clear error instead of producing wrong tokens later);
+2. batch invariance: one sequence's logits alone and among other sequences of different lengths and
+   row counts must be bit-identical. Attention is per sequence (:func:`.attention.attend`), so the
+   row-wise ops decide it, the linear layers above all. oneDNN-packed float32 layers pad their own
+   one-row products where one row would take another kernel (:mod:`.cpu_linear`), so a packed model
+   is batch-invariant as it is. For other layers the probe tries padding every one-row forward to
+   two rows (``pad_to = 2``: bfloat16's products agree from two rows on). Where neither works
+   (MKL's plain float32 ``sgemm`` depends on the row count throughout), ``batch_invariant`` is False:
+   batched outputs may then differ from batch-of-one ones at float near-ties, which the benchmarks
+   count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .attention import active_batch, use_runtime_attention
+from .batch import RaggedBatch, SeqRows
+from .kvpool import LayerSpec, PoolFull, SlotPool
+from .lean import LeanForward
+
+__all__ = ["ModelRunner", "RuntimeUnsupported", "layer_specs", "prepare_models"]
+
+
+def prepare_models(target: Any, draft: Any | None = None, *, packed_linear: bool = True) -> None:
+    """Load-time preparation of a target (and its draft model) for the runtime, in place: on CPU in
+    float32, every ``nn.Linear`` becomes a oneDNN-prepacked layer (:mod:`.cpu_linear`; a
+    ``self:layers=K`` draft shares the target's layers, and so their packed copies). The attention
+    switch and the lean forward are the runner's business."""
+    if not packed_linear:
+        return
+    from .cpu_linear import pack_linears
+
+    memo: dict = {}
+    pack_linears(target, memo=memo)
+    if draft is not None:
+        pack_linears(draft, memo=memo)
+
+
+class RuntimeUnsupported(ValueError):
+    """The model cannot be served by the runtime (the message says why)."""
+
+
+def layer_specs(model: Any) -> list[LayerSpec]:
+    """What each decoder layer caches, from the model's configuration: key/value heads, head sizes and
+    the sliding window of layers that have one (``layer_types``, else a model-wide ``sliding_window``)."""
+    cfg = model.config.get_text_config(decoder=True)
+    if not (getattr(cfg, "num_attention_heads", None) and getattr(cfg, "num_hidden_layers", None)):
+        kind = getattr(cfg, "model_type", type(model).__name__)
+        raise RuntimeUnsupported(f"{kind} models keep no attention key/value cache that lookupspec's runtime "
+                                 "could serve")
+    n = int(cfg.num_hidden_layers)
+    heads = int(cfg.num_attention_heads)
+    kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    value_dim = int(getattr(cfg, "v_head_dim", None) or head_dim)
+    window = getattr(cfg, "sliding_window", None)
+    types = list(getattr(cfg, "layer_types", None) or [])
+    if types:
+        if len(types) < n:
+            raise RuntimeUnsupported(f"layer_types lists {len(types)} layers for {n}")
+        other = sorted({t for t in types[:n] if t not in ("full_attention", "sliding_attention")})
+        if other:
+            raise RuntimeUnsupported(f"layers of type {other} (not KV-cached attention) are not supported by "
+                                     "lookupspec's runtime")
+        windows = [int(window) if t == "sliding_attention" and window else None for t in types[:n]]
+    elif window and getattr(cfg, "use_sliding_window", True):
+        windows = [int(window)] * n
+    else:
+        windows = [None] * n
+    return [LayerSpec(kv, head_dim, value_dim, w) for w in windows]
+
+
+class ModelRunner:
+    """Runs ``model`` (a transformers causal LM, already on its device and dtype; linear layers
+    already packed where wanted) for many sequences at once.
+
+    ``context_window``: positions a sequence may reach. ``max_slots``: sequences at once.
+    ``kv_cache_bytes``: the slot pool's budget (None: grow as needed). ``lean``: use the lean forward
+    where the model allows it. ``check``: run the self-check probe (tests switch it off only to build
+    runners for models they then check by other means)."""
+
+    def __init__(self, model: Any, *, context_window: int, lean: bool = True, max_slots: int = 64,
+                 kv_cache_bytes: int | None = None, check: bool = True) -> None:
+        self.model = model
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        cfg = model.config.get_text_config(decoder=True)
+        self.vocab_size = int(cfg.vocab_size)
+        self.context_window = int(context_window)
+        if not use_runtime_attention(model):
+            raise RuntimeUnsupported(f"{type(model).__name__} cannot switch its attention implementation")
+        self.layers = layer_specs(model)
+        self.lean = LeanForward.for_model(model, [s.window for s in self.layers]) if lean else None
+        self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_slots=max_slots,
+                             max_positions=self.context_window, max_bytes=kv_cache_bytes)
+        self.pad_to = 1
+        self.batch_invariant: bool | None = None  # decided by the probe
+        if check:
+            self._probe()
+
+    # ---- slots --------------------------------------------------------------------------------------
+
+    def allocate(self, positions: int) -> int:
+        """A slot with room for ``positions`` positions. Raises :class:`PoolFull`."""
+        return self.pool.allocate(positions)
+
+    def free(self, slot: int) -> None:
+        self.pool.free(slot)
+
+    def length(self, slot: int) -> int:
+        return int(self.pool.length[slot])
+
+    def reserve(self, slot: int, positions: int) -> bool:
+        """Make room for ``positions`` positions in ``slot``; False when the pool cannot."""
+        try:
+            self.pool.ensure(slot, positions)
+        except PoolFull:
+            return False
+        return True
+
+    # ---- forwards -----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, ids: Sequence[int]) -> torch.Tensor:
+        """Append ``ids`` to ``slot`` (a causal chunk after its cached positions); returns the last
+        row's logits ``[vocab]`` (float32). Raises :class:`PoolFull` past the pool's limits."""
+        self.pool.ensure(slot, self.length(slot) + len(ids))
+        batch = RaggedBatch(self.pool, [SeqRows(slot, ids)])
+        logits = self._hf(batch, logits_to_keep=1)
+        self.pool.advance(slot, len(ids))
+        return logits[-1].float()
+
+    @torch.inference_mode()
+    def forward(self, seqs: Sequence[SeqRows]) -> torch.Tensor:
+        """One forward over every sequence's rows; returns logits ``[rows, vocab]`` in the order of
+        ``seqs`` (float32 for float32 models, the model's dtype otherwise). Each slot advances by its
+        rows; the caller truncates what verification rejects."""
+        for s in seqs:
+            self.pool.ensure(s.slot, self.length(s.slot) + len(s.tokens))
+        batch = RaggedBatch(self.pool, seqs, pad_to=self.pad_to)
+        logits = self.lean(batch) if self.lean is not None else self._hf(batch)
+        for s in seqs:
+            self.pool.advance(s.slot, len(s.tokens))
+        return logits[: batch.real_rows]
+
+    def _hf(self, batch: RaggedBatch, logits_to_keep: int = 0) -> torch.Tensor:
+        with active_batch(batch):
+            out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                             logits_to_keep=logits_to_keep)
+        return out.logits[0]
+
+    # ---- self-check ---------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _probe(self) -> None:
+        """Run the checks of the module docstring on a small pool of their own (the served pool keeps
+        its budget and slots)."""
+        served = self.pool
+        self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_slots=4,
+                             max_positions=self.context_window, initial_capacity=64)
+        try:
+            self._probe_checks()
+        finally:
+            self.pool = served
+
+    def _probe_checks(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        vocab = self.vocab_size
+
+        def ids(n: int) -> list[int]:
+            return torch.randint(min(3, vocab - 1), vocab, (n,), generator=gen).tolist()
+
+        # within the smallest sliding window: transformers applies no window to a custom 4D tree mask
+        windows = [s.window for s in self.layers if s.window is not None]
+        self._check_against_transformers(ids(max(1, min([11, *(w - 5 for w in windows)]))), ids(5),
+                                         [-1, 0, 0, 1, 3])
+        prompts = {"a": ids(9), "b": ids(13), "c": ids(6)}
+        slots = {}
+        try:
+            for name, p in prompts.items():
+                slots[name] = self.allocate(len(p) + 16)
+                self.prefill(slots[name], p)
+            a = SeqRows(slots["a"], ids(1))
+            b = SeqRows(slots["b"], ids(1))
+            c = SeqRows(slots["c"], ids(5), [-1, 0, 0, 1, 1])
+
+            def run(seqs: list[SeqRows], pad_to: int) -> dict[int, torch.Tensor]:
+                saved, self.pad_to = self.pad_to, pad_to
+                try:
+                    logits = self.forward(seqs)
+                finally:
+                    self.pad_to = saved
+                out, row = {}, 0
+                for s in seqs:
+                    out[s.slot] = logits[row:row + len(s.tokens)].clone()
+                    row += len(s.tokens)
+                    self.pool.truncate(s.slot, self.length(s.slot) - len(s.tokens))
+                return out
+
+            mixed = [run([a, b], 1), run([b, a], 1), run([c, a], 1), run([a, c, b], 1)]
+            c_alone = run([c], 1)[c.slot]
+            same_c = all(torch.equal(m[c.slot], c_alone) for m in mixed if c.slot in m)
+            a_in = [m[a.slot] for m in mixed]
+            consistent = same_c and all(torch.equal(x, a_in[0]) for x in a_in)
+            for pad in (1, 2):
+                if consistent and torch.equal(run([a], pad)[a.slot], a_in[0]):
+                    self.pad_to, self.batch_invariant = pad, True
+                    break
+            else:
+                self.pad_to, self.batch_invariant = 1, False
+        finally:
+            for slot in slots.values():
+                self.free(slot)
+
+    def _check_against_transformers(self, prompt: list[int], tokens: list[int], parents: list[int]) -> None:
+        """The ragged path against transformers' own forward and DynamicCache on one prompt and one
+        draft tree; raises :class:`RuntimeUnsupported` when they disagree beyond float noise."""
+        from transformers import DynamicCache
+
+        from lookupspec import kernels
+
+        slot = self.allocate(len(prompt) + len(tokens))
+        try:
+            got_prefill = self.prefill(slot, prompt)
+            got_tree = self.forward([SeqRows(slot, tokens, parents)]).float()
+        except Exception as exc:
+            raise RuntimeUnsupported(f"lookupspec's runtime cannot run {type(self.model).__name__}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.free(slot)
+        cfg = self.model.config.get_text_config(decoder=True)
+        cache = DynamicCache(config=cfg)
+        x = torch.tensor([prompt], device=self.device)
+        ref_prefill = self.model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1].float()
+        mask, pos = kernels.tree_mask(torch.tensor(parents, device=self.device), len(prompt), self.dtype)
+        ref_tree = self.model(input_ids=torch.tensor([tokens], device=self.device), past_key_values=cache,
+                              use_cache=True, attention_mask=mask, position_ids=pos).logits[0].float()
+        tol = 1e-3 if self.dtype == torch.float32 else 5e-2
+        for name, got, ref in (("prefill", got_prefill, ref_prefill), ("tree", got_tree, ref_tree)):
+            scale = max(1.0, float(ref.abs().max()))
+            diff = float((got - ref).abs().max())
+            if not diff <= tol * scale:
+                raise RuntimeUnsupported(
+                    f"lookupspec's runtime disagrees with transformers' forward for "
+                    f"{type(self.model).__name__} ({name}: max logit difference {diff:.3g}); "
+                    "this architecture is not supported")

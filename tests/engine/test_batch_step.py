@@ -1,0 +1,161 @@
+"""Engine.step over many sequences: every sequence gets exactly its batch-of-one tokens (greedy and
+seeded sampling, chains and trees, sliding-window families), sequences join and leave mid-flight with
+chunked prefills between steps, and a sequence whose KV slot cannot grow ends alone with "length"."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scripted import ScriptedDrafting
+
+from lookupspec.adaptive import BudgetPolicy
+from lookupspec.engine import Engine
+from lookupspec.params import GenerationParams, SpecParams
+from lookupspec.runtime import pack_linears, packing_available
+from lookupspec.sampling import SamplingParams
+from lookupspec.tiny import TINY_MODELS
+
+FIXED = BudgetPolicy(adaptive=False)  # verify every proposed node, so every path is exercised
+GREEDY = SamplingParams()
+SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=3)
+
+
+def _requests():
+    """(prompt, params): prompts of several lengths (some past the sliding fixtures' window of 12)."""
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    for i, (n, max_tokens, sampling) in enumerate([(20, 30, GREEDY), (45, 24, SEEDED), (7, 36, GREEDY),
+                                                   (33, 18, SamplingParams(temperature=0.7, seed=11)),
+                                                   (60, 28, GREEDY)]):
+        prompt = torch.randint(3, 512, (n,), generator=gen).tolist()
+        out.append((prompt, GenerationParams(max_tokens=max_tokens, sampling=sampling, eos_token_ids=(2,),
+                                             ignore_eos=i % 2 == 0)))
+    return out
+
+
+def _model(tiny_models, name):
+    from lookupspec.models import load_model
+
+    model = load_model(str(tiny_models[name])).model
+    if packing_available():
+        pack_linears(model)
+    return model
+
+
+def _plain(model, requests):
+    eng = Engine(model, lookup=ScriptedDrafting([], "none", 512))
+    return {tuple(p): [t for s in eng.generate(p, params, spec=SpecParams(enabled=False)) for t in s.tokens]
+            for p, params in requests}
+
+
+def _batched(engine, requests, spec, *, chunk=None, stagger=0):
+    """Run every request through Engine.step together; request i joins after i * stagger steps and
+    prefills ``chunk`` tokens per step while the others decode."""
+    pending = list(enumerate(requests))
+    live, out = [], {}
+    steps = 0
+    while pending or live:
+        while pending and pending[0][0] * stagger <= steps:
+            _, (prompt, params) = pending.pop(0)
+            live.append((engine.start(prompt, params, spec), []))
+        ready = [(s, toks) for s, toks in live if s.prefill_done]
+        for s, toks in live:
+            if not s.prefill_done:
+                first = engine.prefill(s, chunk)
+                if first is not None:
+                    toks.extend(first.tokens)
+        step = [(s, toks) for s, toks in ready if s.running]
+        for (_, toks), o in zip(step, engine.step([s for s, _ in step]) if step else [], strict=True):
+            toks.extend(o.tokens)
+        for s, toks in list(live):
+            if s.finish_reason is not None:
+                out[s.prompt] = toks
+                live.remove((s, toks))
+        steps += 1
+    return out
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_batched_steps_give_every_sequence_its_own_tokens(tiny_models, name, shape) -> None:
+    model = _model(tiny_models, name)
+    requests = _requests()
+    plain = _plain(model, requests)
+    engine = Engine(model, lookup=ScriptedDrafting(plain, shape, 512), policy=FIXED)
+    assert engine.runner.batch_invariant or not packing_available()
+    spec = SpecParams(max_draft_tokens=8, tree=shape == "tree")
+    alone = {tuple(p): [t for s in engine.generate(p, params, spec=spec) for t in s.tokens]
+             for p, params in requests}
+    assert alone == plain
+    together = _batched(engine, requests, spec)
+    assert together == alone
+    staggered = _batched(engine, requests, spec, chunk=8, stagger=3)  # joins mid-flight, chunked prefill
+    assert staggered == alone
+    assert engine.runner.pool.in_use() == 0  # every finished sequence freed its slot
+
+
+def test_plain_and_speculative_sequences_share_a_step(tiny_models) -> None:
+    model = _model(tiny_models, "tiny-qwen2")
+    requests = _requests()
+    plain = _plain(model, requests)
+    engine = Engine(model, lookup=ScriptedDrafting(plain, "tree", 512), policy=FIXED)
+    seqs = [engine.start(p, params, SpecParams(enabled=i % 2 == 0, max_draft_tokens=6))
+            for i, (p, params) in enumerate(requests)]
+    toks = {s.prompt: list(engine.prefill(s).tokens) for s in seqs}
+    drafted = 0
+    while any(s.running for s in seqs):
+        run = [s for s in seqs if s.running]
+        for s, o in zip(run, engine.step(run), strict=True):
+            toks[s.prompt].extend(o.tokens)
+            drafted += o.draft_tokens
+            assert o.draft_tokens == 0 or s.spec.enabled
+    assert drafted > 0
+    assert toks == plain
+
+
+def test_a_sequence_whose_slot_cannot_grow_ends_alone_with_length(tiny_models) -> None:
+    model = _model(tiny_models, "tiny-llama")
+    requests = _requests()
+    plain = _plain(model, requests)
+    per_position = 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv heads x head dim x float32
+    engine = Engine(model, lookup=ScriptedDrafting(plain, "none", 512), max_slots=2,
+                    kv_cache_bytes=2 * 128 * per_position)  # two slots of 128 positions
+    long_prompt = torch.randint(3, 512, (100,)).tolist()
+    small, params = requests[0]
+    a = engine.start(long_prompt, GenerationParams(max_tokens=60, ignore_eos=True),  # fits at first only
+                     SpecParams(enabled=False))
+    b = engine.start(small, params, SpecParams(enabled=False))
+    out_a = list(engine.prefill(a).tokens)
+    out_b = list(engine.prefill(b).tokens)
+    with pytest.raises(Exception, match="slots are in use"):
+        engine.start(small, params)
+    while a.running or b.running:
+        run = [s for s in (a, b) if s.running]
+        for s, o in zip(run, engine.step(run), strict=True):
+            (out_a if s is a else out_b).extend(o.tokens)
+    assert a.finish_reason == "length" and len(out_a) < 60  # ended early: its slot could not grow
+    assert out_b == plain[tuple(small)] and b.finish_reason is not None
+    assert engine.runner.pool.in_use() == 0
+
+
+@pytest.mark.real_model
+def test_batched_steps_on_smollm2_equal_batch_of_one(real_text_engine) -> None:
+    te = real_text_engine
+    engine = te.engine
+    assert engine.runner.batch_invariant
+    texts = ["Summarize: The json module encodes Python objects as JSON text and decodes JSON text "
+             "into Python objects. It offers dump, dumps, load and loads.",
+             "Write a haiku about autumn leaves.",
+             "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n"
+             "Rewrite fib with a loop.",
+             ]
+    requests = []
+    for i, text in enumerate(texts):
+        sampling = GREEDY if i % 2 == 0 else SamplingParams(temperature=0.8, seed=100 + i)
+        requests.append((te.encode_prompt(messages=[{"role": "user", "content": text}]),
+                         te.params(max_tokens=24, temperature=sampling.temperature, seed=sampling.seed)))
+    spec = SpecParams(enabled=False)  # plain decoding: every token depends only on the forward's rows
+    alone = {tuple(p): [t for s in engine.generate(p, params, spec=spec) for t in s.tokens]
+             for p, params in requests}
+    assert _batched(engine, requests, spec) == alone
+    assert _batched(engine, requests, spec, chunk=16, stagger=2) == alone

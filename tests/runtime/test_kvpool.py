@@ -1,0 +1,164 @@
+"""The KV slot pool against a plain reference: random sequences of allocate, forward writes, commits,
+truncation, tree compaction, prefix copies and frees, with capacities small enough to grow (and
+sliding-window layers small enough to drop old entries) all the time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lookupspec.runtime.kvpool import LayerSpec, PoolFull, SlotPool
+
+WINDOW = 5
+LAYERS = [LayerSpec(2, 3, 3), LayerSpec(2, 3, 3, WINDOW), LayerSpec(2, 3, 3), LayerSpec(1, 2, 4, WINDOW)]
+
+
+class Reference:
+    """slot -> the value written at each committed position (one float per position: every entry of
+    that position, in every layer, key and value, holds a function of it)."""
+
+    def __init__(self) -> None:
+        self.seqs: dict[int, list[float]] = {}
+
+
+def _fill(layer: int, value: float, kind: int) -> float:
+    return value * 10 + layer + 0.5 * kind
+
+
+def _write(pool: SlotPool, slot: int, values: list[float]) -> None:
+    """What a forward does: entries for positions length .. length + n, in every layer."""
+    base = int(pool.length[slot])
+    with torch.inference_mode():
+        for layer in range(len(LAYERS)):
+            for i, v in enumerate(values):
+                e = pool.entry(slot, layer, base + i)
+                pool.keys(layer)[slot, :, e] = _fill(layer, v, 0)
+                pool.values(layer)[slot, :, e] = _fill(layer, v, 1)
+
+
+def _check(pool: SlotPool, ref: Reference) -> None:
+    for slot, seq in ref.seqs.items():
+        assert pool.used[slot] and int(pool.length[slot]) == len(seq)
+        for layer, spec in enumerate(LAYERS):
+            first = 0 if spec.window is None else max(0, len(seq) - (spec.window - 1))
+            for p in range(first, len(seq)):
+                e = pool.entry(slot, layer, p)
+                assert 0 <= e < pool.group(layer).capacity
+                assert torch.all(pool.keys(layer)[slot, :, e] == _fill(layer, seq[p], 0)), (slot, layer, p)
+                assert torch.all(pool.values(layer)[slot, :, e] == _fill(layer, seq[p], 1)), (slot, layer, p)
+
+
+ops = st.lists(st.tuples(st.sampled_from(["alloc", "write", "step", "truncate", "copy", "free"]),
+                         st.integers(0, 7), st.integers(0, 7), st.integers(1, 9)), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops, st.randoms(use_true_random=False))
+def test_pool_matches_a_plain_reference(program, rnd) -> None:
+    pool = SlotPool(LAYERS, dtype=torch.float32, max_slots=4, max_positions=64, initial_capacity=2, align=1)
+    ref = Reference()
+    counter = [0.0]
+
+    def fresh(n: int) -> list[float]:
+        out = [counter[0] + i + 1 for i in range(n)]
+        counter[0] += n
+        return out
+
+    for op, a, b, n in program:
+        live = sorted(ref.seqs)
+        if op == "alloc":
+            try:
+                slot = pool.allocate(n)
+            except PoolFull:
+                assert len(live) == 4
+                continue
+            assert slot not in ref.seqs
+            ref.seqs[slot] = []
+        elif not live:
+            continue
+        elif op == "write":  # a prefill chunk: written, then committed
+            slot = live[a % len(live)]
+            if len(ref.seqs[slot]) + n > 64:
+                continue
+            pool.ensure(slot, len(ref.seqs[slot]) + n)
+            vals = fresh(n)
+            _write(pool, slot, vals)
+            pool.advance(slot, n)
+            ref.seqs[slot].extend(vals)
+        elif op == "step":  # root + n - 1 draft nodes, a random accepted path, compaction, truncation
+            slot = live[a % len(live)]
+            L = len(ref.seqs[slot])
+            if L + n > 64:
+                continue
+            pool.ensure(slot, L + n)
+            vals = fresh(n)
+            _write(pool, slot, vals)
+            pool.advance(slot, n)
+            nodes = sorted(rnd.sample(range(n - 1), rnd.randint(0, n - 1)))
+            acc = torch.tensor([[*nodes, *[-1] * (n - 1 - len(nodes))]]) if n > 1 else torch.zeros((1, 0))
+            pool.compact([slot], acc.long(), torch.tensor([len(nodes)]), [L + 1])
+            pool.truncate(slot, L + 1 + len(nodes))
+            ref.seqs[slot].extend([vals[0], *[vals[1 + j] for j in nodes]])
+        elif op == "truncate":
+            slot = live[a % len(live)]
+            keep = max(0, len(ref.seqs[slot]) - n)
+            if any(pool.start(slot, layer) > max(0, keep - (WINDOW - 1)) for layer in (1, 3)):
+                with pytest.raises(ValueError, match="no longer holds"):
+                    pool.truncate(slot, keep)
+                continue
+            pool.truncate(slot, keep)
+            del ref.seqs[slot][keep:]
+        elif op == "copy":
+            src = live[a % len(live)]
+            others = [s for s in live if s != src]
+            if not others:
+                continue
+            dst = others[b % len(others)]
+            length = min(n * 3, len(ref.seqs[src]))
+            oldest_needed = max(0, length - (WINDOW - 1))
+            if any(pool.start(src, layer) > oldest_needed for layer in range(len(LAYERS))):
+                with pytest.raises(ValueError, match="no longer holds"):
+                    pool.copy_prefix(src, dst, length)
+                continue
+            pool.copy_prefix(src, dst, length)
+            ref.seqs[dst] = list(ref.seqs[src][:length])
+        elif op == "free":
+            slot = live[a % len(live)]
+            pool.free(slot)
+            del ref.seqs[slot]
+        _check(pool, ref)
+
+
+def test_sliding_layers_keep_only_what_the_window_needs() -> None:
+    pool = SlotPool([LayerSpec(1, 2, 2, 8), LayerSpec(1, 2, 2)], dtype=torch.float32, max_positions=4096,
+                    initial_capacity=16, align=16)
+    slot = pool.allocate(16)
+    for _ in range(100):  # 1000 positions, 10 at a time
+        pool.ensure(slot, int(pool.length[slot]) + 10)
+        pool.advance(slot, 10)
+    assert pool.group(1).capacity >= 1000
+    assert pool.group(0).capacity <= 32  # W - 1 kept plus the rows in flight, rounded
+
+
+def test_budget_and_window_end_growth_with_pool_full() -> None:
+    spec = LayerSpec(1, 4, 4)
+    pool = SlotPool([spec], dtype=torch.float32, max_slots=2, max_positions=100, initial_capacity=8, align=8,
+                    max_bytes=2 * 64 * 8 * 4)  # two slots of 64 positions
+    assert pool.slot_positions == 64
+    a = pool.allocate(8)
+    with pytest.raises(PoolFull, match="context window"):
+        pool.ensure(a, 101)
+    pool.ensure(a, 64)
+    b = pool.allocate(8)
+    with pytest.raises(PoolFull, match="share of the KV budget"):
+        pool.ensure(b, 65)  # 2 slots x 72 entries would exceed the budget
+    with pytest.raises(PoolFull, match="cannot give"):
+        SlotPool([spec], dtype=torch.float32, max_slots=4, max_bytes=100, align=8)
+    with pytest.raises(PoolFull, match="slots are in use"):
+        pool.allocate(1)
+    pool.free(a)
+    assert pool.allocate(1) == a
+    with pytest.raises(ValueError, match="not allocated"):
+        pool.truncate(3, 0)

@@ -1,0 +1,120 @@
+"""The lean forward gives bit-identical logits and KV entries to the runner's transformers path for
+every shape the engine runs (one token, causal chains, draft trees, several sequences at once), on
+the tiny families with and without oneDNN-packed layers and on SmolLM2; it declines models it does
+not cover."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lookupspec.runtime import LeanForward, ModelRunner, SeqRows, layer_specs
+
+
+def _compare(model, prompts: list[list[int]], sizes=(1, 2, 3, 5, 12, 24)) -> None:
+    """Prefill every prompt into a lean runner and a transformers-path runner, then run each step
+    shape (for all sequences at once) through both and require equal logits and KV entries."""
+    lean = ModelRunner(model, context_window=4096)
+    plain = ModelRunner(model, context_window=4096, lean=False)
+    assert lean.lean is not None and plain.lean is None
+    gen = torch.Generator().manual_seed(1)
+    slots = {}
+    for r in (lean, plain):
+        slots[id(r)] = [r.allocate(len(p) + 64) for p in prompts]
+        for s, p in zip(slots[id(r)], prompts, strict=True):
+            r.prefill(s, p)
+    vocab = model.config.vocab_size
+    for n in sizes:
+        tokens = [torch.randint(3, vocab, (n,), generator=gen).tolist() for _ in prompts]
+        parents = [-1] + [max(i - 2, -1) for i in range(n - 1)]  # a branching tree
+        for structure in (None, parents):
+            logits = []
+            for r in (lean, plain):
+                rows = [SeqRows(s, t, structure) for s, t in zip(slots[id(r)], tokens, strict=True)]
+                logits.append(r.forward(rows))
+            assert torch.equal(logits[0], logits[1]), f"n={n}: {(logits[0] - logits[1]).abs().max():.3g}"
+            for layer in range(len(lean.layers)):
+                for a, b in zip(slots[id(lean)], slots[id(plain)], strict=True):
+                    end = lean.length(a)
+                    for part in ("keys", "values"):
+                        got, want = getattr(lean.pool, part)(layer), getattr(plain.pool, part)(layer)
+                        assert torch.equal(got[a, :, :end], want[b, :, :end])
+            for r in (lean, plain):
+                for s, p in zip(slots[id(r)], prompts, strict=True):
+                    r.pool.truncate(s, len(p))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["nn-linear", "onednn-packed"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-mistral"])
+def test_lean_forward_is_bit_identical(tiny_models, name, packed) -> None:
+    from lookupspec.models import load_model
+    from lookupspec.runtime import FusedLinears, pack_linears, packing_available
+
+    if packed and not packing_available():
+        pytest.skip("this torch build has no oneDNN linear ops")
+    model = load_model(str(tiny_models[name])).model
+    if packed:
+        assert pack_linears(model) > 0
+        lean = LeanForward.for_model(model, [s.window for s in layer_specs(model)])
+        assert lean is not None  # the fused q/k/v and gate/up matmuls are called whole
+        assert all(isinstance(layer.qkv, FusedLinears) and isinstance(layer.gate_up, FusedLinears)
+                   for layer in lean.layers)
+        if name == "tiny-qwen2":  # q/k/v with biases
+            assert lean.layers[0].qkv.bias is not None
+    torch.manual_seed(0)
+    vocab = model.config.vocab_size
+    _compare(model, [torch.randint(3, vocab, (n,)).tolist() for n in (70, 9, 33)])
+
+
+def test_lean_forward_declines_what_it_does_not_cover(tiny_models) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = str(tiny_models["tiny-llama"])
+    bf16 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    assert LeanForward.for_model(bf16, [None, None]) is None
+    assert LeanForward.for_model(torch.nn.Linear(2, 2), []) is None
+    gemma = AutoModelForCausalLM.from_pretrained(str(tiny_models["tiny-gemma3"]))
+    assert LeanForward.for_model(gemma, [s.window for s in layer_specs(gemma)]) is None
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert LeanForward.for_model(model, [None]) is None  # windows for the wrong number of layers
+    assert LeanForward.for_model(model, [None, None]) is not None
+
+
+def test_engine_uses_it_only_when_asked(tiny_models) -> None:
+    from lookupspec.engine import Engine
+    from lookupspec.models import load_model
+    from lookupspec.params import GenerationParams, SpecParams
+
+    model = load_model(str(tiny_models["tiny-qwen2"])).model
+    on, off = Engine(model), Engine(model, lean=False)
+    assert isinstance(on.lean, LeanForward) and off.lean is None
+    params = GenerationParams(max_tokens=32, eos_token_ids=(2,))
+    prompt = list(range(3, 60)) + list(range(3, 30))
+    for spec in (SpecParams(enabled=False), SpecParams()):
+        outs = [[t for s in e.generate(prompt, params, spec=spec) for t in s.tokens] for e in (on, off)]
+        assert outs[0] == outs[1] and len(outs[0]) == 32
+
+
+@pytest.mark.real_model
+def test_lean_forward_is_bit_identical_on_smollm2(real_text_engine) -> None:
+    engine = real_text_engine.engine
+    assert engine.lean is not None  # the served model (packed) takes the lean path
+    text = "Summarize: the quick brown fox jumps over the lazy dog. " * 20
+    prompt = real_text_engine.encode_prompt(messages=[{"role": "user", "content": text}])
+    _compare(engine.model, [prompt, prompt[:57]], sizes=(1, 4, 16))
+
+
+def test_bench_systems_with_and_without_the_lean_forward(tiny_models) -> None:
+    from lookupspec.benchmarks.systems import LookupspecSystem
+    from lookupspec.models import load_model
+
+    target = load_model(str(tiny_models["tiny-llama"]))
+    systems = {name: LookupspecSystem(target, None, (2,), name)
+               for name in ("lookupspec", "lookupspec-hf-forward", "lookupspec-plain")}
+    lean = {name: s.engine.lean is not None for name, s in systems.items()}
+    spec = {name: s.spec.enabled for name, s in systems.items()}
+    assert lean == {"lookupspec": True, "lookupspec-hf-forward": False, "lookupspec-plain": True}
+    assert spec == {"lookupspec": True, "lookupspec-hf-forward": True, "lookupspec-plain": False}
+    prompt = list(range(3, 60)) + list(range(3, 30))
+    runs = [s.generate(prompt, 24).tokens for s in systems.values()]
+    assert runs[0] == runs[1] == runs[2]
