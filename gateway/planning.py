@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from lookupspec.params import SpecParams
+from lookupspec.planning import PlanError, UnknownCollection, plan_lookup
 
-from .errors import APIError, bad_request, not_found, too_large
+from .errors import APIError, bad_request, too_large
 from .jobs import ChoicePlan, GenerationJob
 from .protocol import ChatCompletionRequest, CompletionRequest, LookupOptions
 from .service import GatewayService
@@ -64,14 +65,10 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, str]]:
 
 
 def _lookup(service: GatewayService, namespace: str, lookup: LookupOptions | None) -> tuple[SpecParams, Any]:
+    """The request's ``lookup`` options -> (SpecParams, LookupScope) by the one planning path the
+    in-process client uses too (``lookupspec.planning``); the inline-document limits are the
+    gateway's own and are checked first."""
     lk = lookup or LookupOptions()
-    base: SpecParams = getattr(service.engine, "default_spec", None) or SpecParams()
-    spec = base.for_request(enabled=lk.enabled, max_draft_tokens=lk.max_draft_tokens, sources=lk.sources,
-                            collections=lk.collections)
-    for i, name in enumerate(spec.collections):
-        if service.store.state.get_collection(namespace, name) is None:
-            raise not_found(f"no collection named {name!r}", param=f"lookup.collections[{i}]",
-                            code="collection_not_found")
     limits = service.config.limits
     if len(lk.documents) > limits.max_inline_documents:
         raise too_large(f"at most {limits.max_inline_documents} inline documents per request",
@@ -79,12 +76,23 @@ def _lookup(service: GatewayService, namespace: str, lookup: LookupOptions | Non
     if sum(len(d.encode()) for d in lk.documents) > limits.max_inline_bytes:
         raise too_large(f"inline documents are limited to {limits.max_inline_bytes} bytes in all",
                         "lookup.documents")
-    inline = None
-    if lk.documents and spec.enabled and "corpus" in spec.sources:
-        inline = service.text_engine.corpus_from_texts(lk.documents)
-    scope = service.indexes.scope(namespace, spec.collections, inline,
-                                  output=spec.enabled and "output" in spec.sources)
-    return spec, scope
+
+    def collection(name: str) -> Any:
+        # The store's state is the authority on existence; a collection whose documents were all
+        # deleted exists but has no index here.
+        if service.store.state.get_collection(namespace, name) is None:
+            raise UnknownCollection(name)
+        return service.indexes.corpus(namespace, name)
+
+    base: SpecParams = getattr(service.engine, "default_spec", None) or SpecParams()
+    try:
+        plan = plan_lookup(base, enabled=lk.enabled, collections=lk.collections, documents=lk.documents,
+                           max_draft_tokens=lk.max_draft_tokens, sources=lk.sources, collection=collection,
+                           inline_corpus=service.text_engine.corpus_from_texts,
+                           output=service.indexes.output(namespace))
+    except PlanError as exc:
+        raise APIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
+    return plan.spec, plan.scope
 
 
 def _plan(service: GatewayService, req: CompletionRequest | ChatCompletionRequest, namespace: str,
