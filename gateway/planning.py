@@ -39,7 +39,22 @@ def _context_error(prompt_len: int, max_tokens: int | None, window: int, field: 
     return APIError(400, f"this model's maximum context length is {window} tokens; the prompt has "
                          f"{prompt_len} tokens and {field} asks for {max_tokens} more "
                          f"(at most {window - prompt_len} fit)",
-                    param="max_tokens", code="context_length_exceeded")
+                    param=field, code="context_length_exceeded")
+
+
+def _check_bytes(service: GatewayService, text: str) -> None:
+    """Refuse, before tokenizing, a prompt text too long to fit the window whatever its tokens
+    (``lookupspec.prompt_bound``: no prompt that fits is refused)."""
+    bound = service.text_engine.prompt_bound
+    if bound is None:
+        return
+    window = service.context_window
+    limit = bound.limit(window)
+    if len(text) > limit and bound.countable_bytes(text) > limit:  # characters <= bytes: a cheap pre-test
+        raise APIError(400, f"this model's maximum context length is {window} tokens; the prompt has "
+                            f"more than {limit} bytes, more than {window - 1} tokens of at most "
+                            f"{bound.bytes_per_token} bytes each can hold",
+                       param="input_tokens", code="context_length_exceeded")
 
 
 def _check_ids(ids: Sequence[int], vocab_size: int, param: str) -> tuple[int, ...]:
@@ -52,7 +67,8 @@ def _check_ids(ids: Sequence[int], vocab_size: int, param: str) -> tuple[int, ..
 
 
 def _encode_text(service: GatewayService, text: str) -> list[int]:
-    return list(service.text_engine.encode_prompt(prompt=text))
+    _check_bytes(service, text)
+    return service.text_engine.encode_text(text, add_special_tokens=True)
 
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, str]]:
@@ -95,13 +111,25 @@ def _lookup(service: GatewayService, namespace: str, lookup: LookupOptions | Non
     return plan.spec, plan.scope
 
 
+def _check_choices(service: GatewayService, prompts: int, n: int) -> None:
+    limit = service.config.limits.max_choices
+    if prompts > limit:
+        raise bad_request(f"{prompts} prompts exceed the limit of {limit} choices per request", "prompt")
+    if prompts * n > limit:
+        raise bad_request(f"{prompts} prompt(s) x n={n} exceeds the limit of {limit} choices per request",
+                          "n")
+
+
+def _sampling_param(message: str) -> str | None:
+    name = message.split(" ", 1)[0]  # "top_p must be in (0, 1], got 0" -> "top_p"
+    return name if name in {"max_tokens", "temperature", "top_k", "top_p", "seed"} else None
+
+
 def _plan(service: GatewayService, req: CompletionRequest | ChatCompletionRequest, namespace: str,
           prompts: list[tuple[int, ...]], max_tokens: int | None, max_field: str,
           arrived: float) -> GenerationJob:
     window = service.context_window
-    if len(prompts) * req.n > service.config.limits.max_choices:
-        raise bad_request(f"{len(prompts)} prompt(s) x n={req.n} exceeds the limit of "
-                          f"{service.config.limits.max_choices} choices per request", "n")
+    n = req.n if req.n is not None else 1
     for ids in prompts:
         if len(ids) >= window:
             raise _context_error(len(ids), None, window, max_field)
@@ -109,17 +137,20 @@ def _plan(service: GatewayService, req: CompletionRequest | ChatCompletionReques
             raise _context_error(len(ids), max_tokens, window, max_field)
     spec, scope = _lookup(service, namespace, req.lookup)  # after the cheap checks: it may index text
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    top_k = max(req.top_k or 0, 0)
     choices = []
     for p, ids in enumerate(prompts):
         budget = max_tokens if max_tokens is not None else window - len(ids)
-        for j in range(req.n):
+        for j in range(n):
             seed = None if req.seed is None else (req.seed + j) % _SEED_MOD
             try:
-                params = service.text_engine.params(max_tokens=budget, temperature=req.temperature,
-                                                    top_p=req.top_p, top_k=max(req.top_k, 0), seed=seed)
+                params = service.text_engine.params(max_tokens=budget, temperature=temperature,
+                                                    top_p=top_p, top_k=top_k, seed=seed)
             except ValueError as exc:
-                raise bad_request(str(exc)) from None
-            choices.append(ChoicePlan(p * req.n + j, ids, params))
+                raise bad_request(str(exc), _sampling_param(str(exc))) from None
+            choices.append(ChoicePlan(p * n + j, ids, params))
     timeout = service.config.request_timeout_s
     return GenerationJob(namespace, tuple(choices), sum(len(ids) for ids in prompts), stop, spec, scope,
                          arrived, arrived + timeout)
@@ -129,29 +160,36 @@ def plan_completion(service: GatewayService, req: CompletionRequest, namespace: 
                     arrived: float | None = None) -> GenerationJob:
     arrived = time.perf_counter() if arrived is None else arrived
     vocab = service.engine.vocab_size
+    n = req.n if req.n is not None else 1
     raw = req.prompt
     if isinstance(raw, str):
         prompts = [_check_ids(_encode_text(service, raw), vocab, "prompt")]
     elif not raw:
         raise bad_request("the prompt must not be empty", "prompt")
     elif all(isinstance(x, str) for x in raw):
+        _check_choices(service, len(raw), n)  # before tokenizing: each prompt costs CPU
         prompts = [_check_ids(_encode_text(service, x), vocab, f"prompt[{i}]")  # type: ignore[arg-type]
                    for i, x in enumerate(raw)]
     elif all(isinstance(x, int) for x in raw):
         prompts = [_check_ids(raw, vocab, "prompt")]  # type: ignore[arg-type]
     else:
+        _check_choices(service, len(raw), n)
         prompts = [_check_ids(x, vocab, f"prompt[{i}]") for i, x in enumerate(raw)]  # type: ignore[arg-type]
+    _check_choices(service, len(prompts), n)
     return _plan(service, req, namespace, prompts, req.max_tokens, "max_tokens", arrived)
 
 
 def plan_chat(service: GatewayService, req: ChatCompletionRequest, namespace: str,
               arrived: float | None = None) -> GenerationJob:
     arrived = time.perf_counter() if arrived is None else arrived
+    _check_choices(service, 1, req.n if req.n is not None else 1)
     try:
-        ids = service.text_engine.encode_prompt(messages=_message_dicts(req))
+        text = service.text_engine.chat_text(_message_dicts(req))
     except Exception as exc:  # no chat template, or the template rejects these messages
         raise bad_request(f"cannot render the messages with the model's chat template: {exc}",
                           "messages") from None
+    _check_bytes(service, text)
+    ids = service.text_engine.encode_text(text, add_special_tokens=False)
     prompt = _check_ids(ids, service.engine.vocab_size, "messages")
     use_new = req.max_completion_tokens is not None
     max_tokens = req.max_completion_tokens if use_new else req.max_tokens
