@@ -23,7 +23,7 @@ MESSAGES = [{"role": "system", "content": "You answer briefly."},
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Gateway]:
     workdir = tmp_path_factory.mktemp("api")
-    g = Gateway(tiny_model, workdir, name="api", args=[
+    g = Gateway(tiny_model, workdir, name="api", health_key=KEY_ALPHA, args=[
         "--api-key", f"{KEY_ALPHA}:alpha", "--api-key", f"{KEY_BETA}:beta", "--max-queue", "4",
         "--max-documents", "8", "--max-document-bytes", "4096", "--max-body-bytes", "65536"])
     g.start().wait_ready()
