@@ -74,7 +74,17 @@ def _utf8(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_utf8)]
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
-DocId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+def _addressable(value: str) -> str:
+    # A document is read and deleted at /v1/collections/{name}/documents/{id}: an id with a "." or
+    # ".." path segment would be normalized away by clients (RFC 3986), leaving a record no request
+    # can reach.
+    if any(part in (".", "..") for part in value.split("/")):
+        raise ValueError('must not contain "." or ".." path segments (the id is part of a URL)')
+    return value
+
+
+DocId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$"),
+                  AfterValidator(_addressable)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 Source = Literal["context", "corpus", "output", "draft_model"]
 assert set(Source.__args__) == set(ALL_SOURCES)  # type: ignore[attr-defined]

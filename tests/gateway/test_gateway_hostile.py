@@ -141,6 +141,12 @@ def test_metadata_within_the_bounds_is_stored_and_reads_back(alpha: httpx.Client
     assert alpha.get("/v1/collections/meta-ok").json()["documents"][0]["metadata"] == meta
 
 
+@pytest.mark.parametrize("doc_id", [".", "..", "a/../b", "./a", "a/."])
+def test_a_document_id_no_url_could_reach_is_400(alpha: httpx.Client, doc_id: str) -> None:
+    r = alpha.post("/v1/collections/ids/documents", json={"documents": [{"id": doc_id, "text": "t"}]})
+    assert error_of(r, 400)["param"] == "documents[0].id"
+
+
 def test_a_stored_record_with_deep_metadata_still_reads(server: Gateway, alpha: httpx.Client) -> None:
     doc = alpha.get("/v1/collections/legacy/documents/deep")
     assert doc.status_code == 200, doc.text
