@@ -3,6 +3,9 @@ the ``lookup`` object into ``SpecParams`` and a ``LookupScope``.
 
 Everything that can be wrong with a request is found here, before it is queued, and raised as a
 4xx ``APIError`` naming the offending ``param``; the worker only ever sees jobs the engine accepts.
+Cheap checks come first: the number of choices, then a byte bound that refuses a prompt text too
+long to fit the window before it is tokenized (``lookupspec.prompt_bound``), then tokenizing, the
+window, and the ``lookup`` options (``lookupspec.planning``, shared with the in-process client).
 This runs on a thread-pool thread (tokenizing a long prompt, or indexing inline documents, is
 blocking work), never on the event loop.
 
@@ -160,22 +163,21 @@ def plan_completion(service: GatewayService, req: CompletionRequest, namespace: 
                     arrived: float | None = None) -> GenerationJob:
     arrived = time.perf_counter() if arrived is None else arrived
     vocab = service.engine.vocab_size
-    n = req.n if req.n is not None else 1
     raw = req.prompt
+    if not isinstance(raw, str) and not raw:
+        raise bad_request("the prompt must not be empty", "prompt")
+    single = isinstance(raw, str) or all(isinstance(x, int) for x in raw)
+    # before tokenizing: every prompt costs CPU
+    _check_choices(service, 1 if single else len(raw), req.n if req.n is not None else 1)
     if isinstance(raw, str):
         prompts = [_check_ids(_encode_text(service, raw), vocab, "prompt")]
-    elif not raw:
-        raise bad_request("the prompt must not be empty", "prompt")
+    elif single:
+        prompts = [_check_ids(raw, vocab, "prompt")]  # type: ignore[arg-type]
     elif all(isinstance(x, str) for x in raw):
-        _check_choices(service, len(raw), n)  # before tokenizing: each prompt costs CPU
         prompts = [_check_ids(_encode_text(service, x), vocab, f"prompt[{i}]")  # type: ignore[arg-type]
                    for i, x in enumerate(raw)]
-    elif all(isinstance(x, int) for x in raw):
-        prompts = [_check_ids(raw, vocab, "prompt")]  # type: ignore[arg-type]
     else:
-        _check_choices(service, len(raw), n)
         prompts = [_check_ids(x, vocab, f"prompt[{i}]") for i, x in enumerate(raw)]  # type: ignore[arg-type]
-    _check_choices(service, len(prompts), n)
     return _plan(service, req, namespace, prompts, req.max_tokens, "max_tokens", arrived)
 
 

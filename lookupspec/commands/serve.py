@@ -148,7 +148,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lookupspec.gateway.config import DEFAULT_NAMESPACE, Limits, parse_api_keys
+    from lookupspec.gateway.config import Limits, parse_api_keys
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -170,13 +170,12 @@ def run(args: argparse.Namespace) -> int:
     _say(f"listening on http://{f'[{host}]' if ':' in host else host}:{port} "
          "(/health answers 'loading' until the model is ready)")
     try:
-        return _serve(args, sock, keys, limits, DEFAULT_NAMESPACE)
+        return _serve(args, sock, keys, limits)
     finally:
         sock.close()
 
 
-def _serve(args: argparse.Namespace, sock: socket.socket, keys: dict[str, str], limits: Any,
-           default_namespace: str) -> int:
+def _serve(args: argparse.Namespace, sock: socket.socket, keys: dict[str, str], limits: Any) -> int:
     import uvicorn
 
     from lookupspec.gateway.app import build_app
@@ -195,13 +194,12 @@ def _serve(args: argparse.Namespace, sock: socket.socket, keys: dict[str, str], 
         return 2
     lifecycle = Lifecycle()
     drain_timeout = max(args.drain_timeout, 0.0)
-    app = build_app(lifecycle, auth=Authenticator(keys, default_namespace=default_namespace,
-                                                  admin_key=args.admin_key),
+    app = build_app(lifecycle, auth=Authenticator(keys, admin_key=args.admin_key),
                     max_body_bytes=limits.max_body_bytes, drain_timeout_s=drain_timeout, store=store)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
                             timeout_graceful_shutdown=_GRACE_S, http=_http_protocol())
-    server = _GatewayServer(config, lifecycle, drain_timeout,
-                            load=lambda: _load(args, keys, limits, store, lifecycle))
+    server = _gateway_server(config, lifecycle, drain_timeout,
+                             load=lambda: _load(args, keys, limits, store, lifecycle))
     # uvicorn re-raises the signal it stopped on once it has shut down, with the handler that was in
     # place before it started: a no-op here, so a drained SIGTERM ends with exit status 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
@@ -287,44 +285,43 @@ def _http_protocol() -> Any:
     return Protocol
 
 
-class _GatewayServer:
-    """Builds a ``uvicorn.Server`` subclass lazily (uvicorn is imported only by ``run``)."""
+def _gateway_server(config: Any, lifecycle: Any, drain_timeout: float, load: Callable[[], bool]) -> Any:
+    """A ``uvicorn.Server`` with the replica's lifecycle: the loader starts once the server runs, and
+    the first SIGTERM/SIGINT drains (``Lifecycle.drain``, listener open) before uvicorn shuts down;
+    a signal while loading, or a second one, exits at once. (A factory, as uvicorn is imported only
+    when serving.)"""
+    import uvicorn
 
-    def __new__(cls, config: Any, lifecycle: Any, drain_timeout: float, load: Callable[[], bool]) -> Any:
-        import uvicorn
+    class GatewayServer(uvicorn.Server):
+        def __init__(self) -> None:
+            super().__init__(config)
+            self._loop: asyncio.AbstractEventLoop | None = None
+            self._drain_task: asyncio.Task[None] | None = None
 
-        class GatewayServer(uvicorn.Server):
-            """uvicorn, with the replica's lifecycle: the loader starts once the socket is bound, and
-            the first SIGTERM/SIGINT drains (``Lifecycle.drain``) before uvicorn shuts down."""
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.should_exit or not self.servers:
+                return
+            self._loop = asyncio.get_running_loop()
+            threading.Thread(target=self._load, name="model-loader", daemon=True).start()
 
-            def __init__(self) -> None:
-                super().__init__(config)
-                self._loop: asyncio.AbstractEventLoop | None = None
-                self._drain_task: asyncio.Task[None] | None = None
+        def _load(self) -> None:
+            if not load():
+                self.should_exit = True  # nothing to serve: shut down (exit status from lifecycle)
 
-            async def startup(self, sockets: Any = None) -> None:
-                await super().startup(sockets)
-                if self.should_exit or not self.servers:
-                    return
-                self._loop = asyncio.get_running_loop()
-                threading.Thread(target=self._load, name="model-loader", daemon=True).start()
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Runs in the signal handler: only schedule the drain on the loop.
+            if self._drain_task is None and self._loop is not None and lifecycle.begin_drain():
+                _say(f"signal {sig}: draining (up to {drain_timeout:g} s for requests in flight)")
+                self._loop.call_soon_threadsafe(self._start_drain, sig)
+                return
+            super().handle_exit(sig, frame)
 
-            def _load(self) -> None:
-                if not load():
-                    self.should_exit = True  # nothing to serve: shut down (exit status from lifecycle)
+        def _start_drain(self, sig: int) -> None:
+            self._drain_task = asyncio.ensure_future(self._drain(sig))
 
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                if self._drain_task is None and self._loop is not None and lifecycle.begin_drain():
-                    _say(f"signal {sig}: draining (up to {drain_timeout:g} s for requests in flight)")
-                    self._loop.call_soon_threadsafe(self._start_drain, sig)
-                    return
-                super().handle_exit(sig, frame)  # not serving yet, or a second signal: exit now
+        async def _drain(self, sig: int) -> None:
+            await lifecycle.drain(drain_timeout, grace=_GRACE_S)
+            super().handle_exit(sig, None)
 
-            def _start_drain(self, sig: int) -> None:
-                self._drain_task = asyncio.ensure_future(self._drain(sig))
-
-            async def _drain(self, sig: int) -> None:
-                await lifecycle.drain(drain_timeout, grace=_GRACE_S)
-                super().handle_exit(sig, None)
-
-        return GatewayServer()
+    return GatewayServer()
