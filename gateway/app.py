@@ -1,8 +1,10 @@
 """The FastAPI application: routes, middleware, error handlers, and the service's lifecycle.
 
-``create_app(service)`` wires an already built ``GatewayService`` (engine + store + indexes) into an
-app; ``build_service`` builds one from a loaded ``TextEngine`` and an opened store. The worker thread
-starts with the app (lifespan) and stops with it, after uvicorn has drained the connections.
+``build_app(lifecycle, ...)`` serves a replica whose service may still be loading (``lookupspec serve``
+binds first, then builds the service on a thread and hands it to the ``Lifecycle``);
+``create_app(service)`` serves an already built ``GatewayService`` (engine + store + indexes);
+``build_service`` builds one from a loaded ``TextEngine`` and an opened store. The worker thread
+starts with the service and stops with the app (lifespan), after the drain (``lifecycle``).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from .auth import Authenticator
 from .config import GatewayConfig
 from .errors import install_error_handlers
 from .indexes import IndexRegistry
-from .middleware import AuthMiddleware, BodyLimitMiddleware, RequestMetricsMiddleware
+from .lifecycle import Lifecycle
+from .metrics import GatewayMetrics
+from .middleware import AdmissionMiddleware, AuthMiddleware, BodyLimitMiddleware, RequestMetricsMiddleware
 from .service import GatewayService
 from .store import Store
 
-__all__ = ["build_service", "create_app"]
+__all__ = ["build_app", "build_service", "create_app"]
 
 
 def build_service(text_engine: Any, store: Store, config: GatewayConfig) -> GatewayService:
@@ -50,29 +54,44 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def create_app(service: GatewayService, *, close_store: bool = False) -> FastAPI:
-    """The app serving ``service``. With ``close_store`` the store is closed when the app stops."""
+def build_app(lifecycle: Lifecycle, *, auth: Authenticator, max_body_bytes: int,
+              drain_timeout_s: float = 30.0, store: Store | None = None) -> FastAPI:
+    """The app serving ``lifecycle``'s service (which may arrive later). ``store`` is closed when
+    the app stops, after the service (so outputs appended at the end still reach it)."""
+    loading_metrics = GatewayMetrics()  # counts requests until the service (and its metrics) exist
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        service.start()
+        lifecycle.start()
         try:
             yield
         finally:
-            service.close(timeout=max(service.config.drain_timeout_s, 1.0))
-            if close_store:
-                service.store.close()
+            lifecycle.close(timeout=max(drain_timeout_s, 1.0))
+            if store is not None:
+                store.close()
 
     app = FastAPI(title="lookupspec", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible speculative-decoding gateway with lookup drafts.")
-    app.state.service = service
+    app.state.lifecycle = lifecycle
+    app.state.auth = auth
     app.include_router(routes_openai.router)
     app.include_router(routes_documents.router)
     app.include_router(routes_ops.router)
     install_error_handlers(app)
     # Starlette wraps in reverse order: the last added runs first.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=service.config.limits.max_body_bytes)
-    app.add_middleware(AuthMiddleware, auth=Authenticator(service.config))
-    app.add_middleware(RequestMetricsMiddleware, metrics=lambda: service.metrics)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle)
+    app.add_middleware(AuthMiddleware, auth=auth)
+    app.add_middleware(RequestMetricsMiddleware,
+                       metrics=lambda: lifecycle.service.metrics if lifecycle.service else loading_metrics)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def create_app(service: GatewayService, *, close_store: bool = False) -> FastAPI:
+    """The app serving an already built ``service``. With ``close_store`` the store is closed when
+    the app stops."""
+    config = service.config
+    return build_app(Lifecycle(service), auth=Authenticator.from_config(config),
+                     max_body_bytes=config.limits.max_body_bytes, drain_timeout_s=config.drain_timeout_s,
+                     store=service.store if close_store else None)

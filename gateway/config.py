@@ -42,6 +42,7 @@ class Limits:
 class GatewayConfig:
     """model_name: the id clients send as ``model`` (``/v1/models`` lists it).
     api_keys: key -> namespace; empty means no authentication and one ``default_namespace``.
+    admin_key: the key that may see the operations detail (``auth``); None: any valid API key.
     max_queue: requests that may wait while one generates; one more gets 429.
     request_timeout_s: deadline of one generation request, queueing included.
     drain_timeout_s: on SIGTERM, how long in-flight requests may take before they are cancelled.
@@ -52,6 +53,7 @@ class GatewayConfig:
     model_name: str
     api_keys: Mapping[str, str] = field(default_factory=dict)
     default_namespace: str = DEFAULT_NAMESPACE
+    admin_key: str | None = None
     max_queue: int = 64
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
@@ -67,6 +69,8 @@ class GatewayConfig:
                 raise ValueError("API keys must not be empty")
             if not _NAME.match(namespace):
                 raise ValueError(f"namespace {namespace!r} must match {NAME_PATTERN}")
+        if self.admin_key is not None and (not self.admin_key or self.admin_key in self.api_keys):
+            raise ValueError("the admin key must be non-empty and differ from every API key")
         if not _NAME.match(self.default_namespace):
             raise ValueError(f"namespace {self.default_namespace!r} must match {NAME_PATTERN}")
         if self.max_queue < 0:

@@ -5,22 +5,21 @@ one ``CorpusStore`` per document collection and one ``OutputStore`` of earlier o
 store's hooks as records are applied (own writes, replay at start-up, other replicas' writes). Drafting
 reads only these in-memory stores, never the store or Redis.
 
-``scope(namespace, collections, inline)`` hands a request the stores it may draft from, all of its
-own namespace: that is the isolation rule. A request keeps the store objects it was given, so a
-collection deleted while a request runs stays readable by that request and is gone for later ones.
+``corpus(namespace, name)`` and ``output(namespace)`` hand a request's planner (``lookupspec.planning``)
+the stores it may draft from, all of its own namespace: that is the isolation rule. A request keeps
+the store objects it was given, so a collection deleted while a request runs stays readable by that
+request and is gone for later ones.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lookupspec.index import CorpusStore, OutputStore
-from lookupspec.params import LookupScope
 
 __all__ = ["IndexRegistry"]
 
@@ -33,7 +32,7 @@ class _Namespace:
 
 class IndexRegistry:
     """Thread-safe. Hooks are called serialized by the store (never concurrently with each other);
-    ``scope`` and the size queries run on request threads at the same time."""
+    the store queries run on request threads at the same time."""
 
     def __init__(self, *, output_cap_tokens: int = 1_000_000) -> None:
         self.output_cap_tokens = output_cap_tokens
@@ -85,22 +84,19 @@ class IndexRegistry:
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def scope(self, namespace: str, collections: Sequence[str] = (), inline: CorpusStore | None = None,
-              *, output: bool = True) -> LookupScope:
-        """The stores one request of ``namespace`` may draft from. The caller checks that the
-        collections exist (the store's state is the authority: a collection whose documents were all
-        deleted exists but has no index here, and contributes nothing)."""
+    def corpus(self, namespace: str, collection: str) -> CorpusStore | None:
+        """The collection's corpus store, None when nothing of it is indexed (the caller checks that
+        the collection exists: the store's state is the authority, and a collection whose documents
+        were all deleted exists but has no index here)."""
         with self._lock:
             ns = self._namespaces.get(namespace)
-            corpora: list[CorpusStore] = []
-            for name in dict.fromkeys(collections):  # dedupe, keep order
-                store = None if ns is None else ns.corpora.get(name)
-                if store is not None:
-                    corpora.append(store)
-            out = ns.output if ns is not None and output else None
-        if inline is not None:
-            corpora.append(inline)
-        return LookupScope(corpora=tuple(corpora), output=out)
+            return None if ns is None else ns.corpora.get(collection)
+
+    def output(self, namespace: str) -> OutputStore | None:
+        """The namespace's output store (None until its first output)."""
+        with self._lock:
+            ns = self._namespaces.get(namespace)
+            return None if ns is None else ns.output
 
     def sizes(self) -> dict[str, Any]:
         """Index sizes for /metrics: tokens and bytes of the corpus and output stores."""

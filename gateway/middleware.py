@@ -1,7 +1,9 @@
-"""Pure ASGI middleware: authentication, the request body size limit, request counting.
+"""Pure ASGI middleware: authentication, admission by lifecycle phase, the request body size limit,
+request counting.
 
-They run before routing and body parsing, so a missing key is a 401 and an oversized body a 413
-whatever else is wrong with the request, and an oversized body is never read into memory whole.
+They run before routing and body parsing, so a missing key is a 401, a replica that is loading or
+draining a 503, and an oversized body a 413 whatever else is wrong with the request, and an oversized
+body is never read into memory whole. Order (outermost first): counting, auth, admission, body limit.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .auth import Authenticator
 from .errors import APIError
+from .lifecycle import Lifecycle
 from .metrics import GatewayMetrics
 
-__all__ = ["AuthMiddleware", "BodyLimitMiddleware", "RequestMetricsMiddleware"]
+__all__ = ["AdmissionMiddleware", "AuthMiddleware", "BodyLimitMiddleware", "RequestMetricsMiddleware"]
 
 # Endpoint label of the request counter: a fixed set, so label cardinality stays bounded.
 _ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/collections", "/health",
@@ -49,6 +52,44 @@ class AuthMiddleware:
             return
         scope.setdefault("state", {})["namespace"] = namespace
         await self.app(scope, receive, send)
+
+
+class AdmissionMiddleware:
+    """``/v1`` requests by the replica's phase (``lifecycle``): 503 ``loading`` until the service is
+    built, 503 while failed, and while draining 503 ``shutting_down`` for everything but reads (GET,
+    HEAD). Counts the ``/v1`` requests it lets through, for the drain."""
+
+    _READS = ("GET", "HEAD", "OPTIONS")
+
+    def __init__(self, app: ASGIApp, lifecycle: Lifecycle) -> None:
+        self.app = app
+        self.lifecycle = lifecycle
+
+    def _refusal(self, method: str) -> APIError | None:
+        phase = self.lifecycle.phase
+        if phase == "loading":
+            return APIError(503, "the server is loading the model; retry shortly", code="loading",
+                            headers={"Retry-After": "1"})
+        if phase == "failed":
+            return APIError(503, "the server failed to start", code="engine_unavailable")
+        if phase in ("draining", "stopped") and method not in self._READS:
+            return APIError(503, "the server is shutting down", code="shutting_down",
+                            headers={"Retry-After": "1"})
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope["method"])
+        if refusal is not None:
+            await _send_error(send, refusal)
+            return
+        self.lifecycle.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.lifecycle.leave()
 
 
 class BodyLimitMiddleware:

@@ -1,13 +1,19 @@
 """Every request and response body of the HTTP API (pydantic lives here and nowhere else).
 
-Requests follow OpenAI's field names; fields we do not know are accepted (``extra="allow"``) and
-logged by the routes. Two extensions: the request's ``lookup`` object (what this request may draft
-from) and the response's ``speculation`` object (how drafting went).
+Requests follow OpenAI's field names and types, strictly: ``"stream": "yes"`` or ``"max_tokens": true``
+is a 400, not coerced. ``null`` for an optional field means its default (OpenAI's schema allows it).
+OpenAI fields that ask for behaviour this server does not have (``tools``, a non-text
+``response_format``, ``logit_bias``, ``logprobs``, ``echo``, ``best_of`` > 1, penalties, ...) are
+declared here so that a request that *uses* one gets a 400 naming it, while their default or empty
+values, which clients send routinely, are accepted. Fields we do not know at all are accepted
+(``extra="allow"``) and logged by the routes. Two extensions: the request's ``lookup`` object (what
+this request may draft from) and the response's ``speculation`` object (how drafting went).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
@@ -17,6 +23,8 @@ from lookupspec.params import ALL_SOURCES
 from .config import NAME_PATTERN
 
 __all__ = [
+    "MAX_METADATA_BYTES",
+    "MAX_METADATA_DEPTH",
     "ChatChoice",
     "ChatChunk",
     "ChatChunkChoice",
@@ -46,9 +54,11 @@ __all__ = [
     "LookupOptions",
     "ModelCard",
     "ModelList",
+    "ResponseFormat",
     "Speculation",
     "StreamOptions",
     "Usage",
+    "metadata_depth",
 ]
 
 
@@ -64,7 +74,17 @@ def _utf8(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_utf8)]
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
-DocId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+def _addressable(value: str) -> str:
+    # A document is read and deleted at /v1/collections/{name}/documents/{id}: an id with a "." or
+    # ".." path segment would be normalized away by clients (RFC 3986), leaving a record no request
+    # can reach.
+    if any(part in (".", "..") for part in value.split("/")):
+        raise ValueError('must not contain "." or ".." path segments (the id is part of a URL)')
+    return value
+
+
+DocId = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$"),
+                  AfterValidator(_addressable)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=1000)]
 Source = Literal["context", "corpus", "output", "draft_model"]
 assert set(Source.__args__) == set(ALL_SOURCES)  # type: ignore[attr-defined]
@@ -80,12 +100,13 @@ class LookupOptions(BaseModel):
     """Extension: where this request may draft from. Omitted: every source, no collections."""
 
     model_config = _CLOSED
-    enabled: bool = Field(default=True, description="False: plain decoding (same tokens, no drafting)")
+    enabled: bool = Field(default=True, strict=True,
+                          description="False: plain decoding (same tokens, no drafting)")
     collections: list[Name] = Field(default_factory=list, max_length=64,
                                     description="document collections of this namespace to draft from")
     documents: list[Text] = Field(default_factory=list,
                                  description="inline texts to draft from for this request only")
-    max_draft_tokens: int | None = Field(default=None, ge=0, le=256,
+    max_draft_tokens: int | None = Field(default=None, ge=0, le=256, strict=True,
                                          description="cap on draft tokens per step")
     sources: list[Source] | None = Field(default=None,
                                          description="drafters this request may use (default: all)")
@@ -93,33 +114,70 @@ class LookupOptions(BaseModel):
 
 class StreamOptions(BaseModel):
     model_config = _OPEN
-    include_usage: bool = False
+    include_usage: bool | None = Field(default=None, strict=True, description="null: false")
+
+
+def _unsupported(what: str, allowed: Callable[[Any], bool], accepted: str) -> Any:
+    """An after-validator refusing values that ask for behaviour this server lacks: '<what> is not
+    supported by this server; send <accepted> or omit the field'."""
+
+    def check(value: Any) -> Any:
+        if value is not None and not allowed(value):
+            raise ValueError(f"{what} is not supported by this server; send {accepted} or omit the field")
+        return value
+
+    return AfterValidator(check)
+
+
+def _zero(value: Any) -> bool:
+    return value == 0
+
+
+_NoPenalty = Annotated[float | None, Field(default=None, strict=True, ge=-2.0, le=2.0,
+                                           json_schema_extra={"minimum": 0, "maximum": 0}),
+                       _unsupported("a penalty other than 0", _zero, "0")]
 
 
 class _GenerationFields(BaseModel):
-    """Fields both endpoints share."""
+    """Fields both endpoints share. ``None`` means the documented default (see ``description``)."""
 
     model_config = _OPEN
     model: str = Field(..., description="the served model's id (see GET /v1/models)")
-    max_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1, le=2**31 - 1, description="0 or -1: off")
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    max_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1, strict=True)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, strict=True, description="null: 1.0")
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True, description="null: 1.0")
+    top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1, strict=True, description="0, -1, null: off")
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1, strict=True)
     stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = Field(
         None, description="up to 16 strings; the text is cut before the first one found")
-    n: int = Field(default=1, ge=1, le=16)
-    stream: bool = False
+    n: int | None = Field(default=None, ge=1, le=16, strict=True, description="null: 1")
+    stream: bool | None = Field(default=None, strict=True, description="null: false")
     stream_options: StreamOptions | None = None
     user: str | None = None
     lookup: LookupOptions | None = None
+    # OpenAI fields for behaviour this server does not have: only their neutral values are accepted.
+    logit_bias: Annotated[dict[str, Any] | None, Field(default=None, json_schema_extra={"maxProperties": 0}),
+                          _unsupported("logit_bias", lambda v: not v, "{}")]
+    frequency_penalty: _NoPenalty
+    presence_penalty: _NoPenalty
 
 
 class CompletionRequest(_GenerationFields):
-    prompt: (Text | list[Text] | list[Annotated[int, Field(ge=0)]]
-             | list[list[Annotated[int, Field(ge=0)]]]) = Field(
+    prompt: (Text | list[Text] | list[Annotated[int, Field(ge=0, strict=True)]]
+             | list[list[Annotated[int, Field(ge=0, strict=True)]]]) = Field(
         ..., description="text, a batch of texts, token ids, or a batch of token-id lists")
-    max_tokens: int | None = Field(default=16, ge=1, le=2**31 - 1)
+    max_tokens: int | None = Field(default=16, ge=1, le=2**31 - 1, strict=True)
+    echo: Annotated[bool | None, Field(default=None, strict=True, json_schema_extra={"enum": [False, None]}),
+                    _unsupported("echo", lambda v: v is False, "false")]
+    best_of: Annotated[int | None, Field(default=None, strict=True, ge=1, le=2**31 - 1,
+                                         json_schema_extra={"maximum": 1}),
+                       _unsupported("best_of > 1", lambda v: v <= 1, "1")]
+    logprobs: Annotated[int | None, Field(default=None, strict=True, ge=0, le=5,
+                                          json_schema_extra={"enum": [None]}),
+                        _unsupported("logprobs (the engine does not report token log-probabilities)",
+                                     lambda v: False, "null")]
+    suffix: Annotated[str | None, Field(default=None, json_schema_extra={"maxLength": 0}),
+                      _unsupported("suffix", lambda v: v == "", '""')]
 
 
 class ContentPart(BaseModel):
@@ -135,25 +193,90 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
+class ResponseFormat(BaseModel):
+    model_config = _OPEN
+    type: Annotated[str, Field(json_schema_extra={"enum": ["text"]}),
+                    _unsupported("a response_format other than text", lambda v: v == "text",
+                                 '{"type": "text"}')]
+
+
+def _no_tools(value: Any) -> bool:
+    return value in ("none", "auto")
+
+
 class ChatCompletionRequest(_GenerationFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1,
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1, strict=True,
                                               description="preferred over max_tokens")
+    tools: Annotated[list[dict[str, Any]] | None, Field(default=None, json_schema_extra={"maxItems": 0}),
+                     _unsupported("tool calling (tools)", lambda v: not v, "[]")]
+    tool_choice: Annotated[str | dict[str, Any] | None, Field(default=None),
+                           _unsupported("tool calling (tool_choice)", _no_tools, '"none"')]
+    parallel_tool_calls: bool | None = Field(default=None, strict=True, description="accepted, unused")
+    functions: Annotated[list[dict[str, Any]] | None, Field(default=None, json_schema_extra={"maxItems": 0}),
+                         _unsupported("function calling (functions)", lambda v: not v, "[]")]
+    function_call: Annotated[str | dict[str, Any] | None, Field(default=None),
+                             _unsupported("function calling (function_call)", _no_tools, '"none"')]
+    response_format: ResponseFormat | None = None
+    logprobs: Annotated[bool | None,
+                        Field(default=None, strict=True, json_schema_extra={"enum": [False, None]}),
+                        _unsupported("logprobs (the engine does not report token log-probabilities)",
+                                     lambda v: v is False, "false")]
+    top_logprobs: Annotated[int | None, Field(default=None, strict=True, ge=0, le=20,
+                                              json_schema_extra={"maximum": 0}),
+                            _unsupported("top_logprobs (the engine does not report token log-probabilities)",
+                                         _zero, "0")]
+    audio: Annotated[dict[str, Any] | None, Field(default=None, json_schema_extra={"type": "null"}),
+                     _unsupported("audio output", lambda v: False, "null")]
+    modalities: Annotated[list[str] | None, Field(default=None),
+                          _unsupported("an output modality other than text", lambda v: set(v) <= {"text"},
+                                       '["text"]')]
+
+
+# Stored metadata is bounded so that every stored record can be read back (the response encoder has
+# a nesting limit of its own, ~255) and a collection listing stays small.
+MAX_METADATA_DEPTH = 32  # {"a": {"b": 1}} has depth 2
+MAX_METADATA_BYTES = 64 * 1024  # as compact JSON (UTF-8)
+
+
+def metadata_depth(value: Any) -> int:
+    """Nesting depth of a JSON value ({"a": {"b": 1}}: 2; a scalar: 0), iteratively (a recursive walk
+    could hit Python's recursion limit on exactly the hostile inputs this guards against); it stops
+    counting once past ``MAX_METADATA_DEPTH``."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level > MAX_METADATA_DEPTH:
+            break  # deep enough to refuse; no need to walk the rest
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 class DocumentIn(BaseModel):
     model_config = _CLOSED
     id: DocId
     text: Text
-    metadata: dict[str, Any] = Field(default_factory=dict, description="any JSON object")
+    metadata: dict[str, Any] = Field(default_factory=dict, description=(
+        f"any JSON object, nested at most {MAX_METADATA_DEPTH} levels, at most {MAX_METADATA_BYTES} "
+        "bytes as JSON"))
 
     @field_validator("metadata")
     @classmethod
     def _storable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        depth = metadata_depth(value)
+        if depth > MAX_METADATA_DEPTH:
+            raise ValueError(f"must be nested at most {MAX_METADATA_DEPTH} levels deep")
         try:  # stored as JSON text: no NaN / Infinity, no lone surrogates
-            json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+            size = len(json.dumps(value, allow_nan=False, ensure_ascii=False,
+                                  separators=(",", ":")).encode("utf-8"))
         except (ValueError, UnicodeEncodeError):
             raise ValueError("must be JSON without NaN, Infinity or lone surrogates") from None
+        if size > MAX_METADATA_BYTES:
+            raise ValueError(f"must be at most {MAX_METADATA_BYTES} bytes as JSON, got {size}")
         return value
 
 

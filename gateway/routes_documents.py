@@ -4,19 +4,27 @@ Writes go through the shared store (one record per document, one batch per uploa
 Redis round trip); the store applies them to its state, whose hooks update this replica's indexes
 before the response is sent, so a request that follows the upload drafts from it. Other replicas
 apply the same records when they read them from Redis (typically within milliseconds).
-Reads come from the store's state and never touch the network.
+Reads come from the store's state and never touch the network. They are rendered with the standard
+JSON encoder rather than through the response models (which document them): pydantic's encoder
+refuses values nested ~255 levels deep, and a record stored before metadata was bounded
+(``protocol.MAX_METADATA_DEPTH``) must still read; see ``_metadata_out``.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from .config import NAME_PATTERN
 from .errors import APIError, bad_request, not_found, too_large
 from .protocol import (
+    MAX_METADATA_DEPTH,
     CollectionDeleted,
     CollectionDetail,
     CollectionList,
@@ -24,6 +32,7 @@ from .protocol import (
     DocumentDetail,
     DocumentsAdded,
     DocumentsUpload,
+    metadata_depth,
 )
 from .routing import ERRORS, namespace, service_of
 from .service import GatewayService
@@ -39,11 +48,27 @@ from .store import (
 
 __all__ = ["router"]
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 CollectionName = Annotated[str, Path(pattern=NAME_PATTERN, description="collection name")]
 DocumentId = Annotated[str, Path(min_length=1, max_length=256, description="document id")]
 Namespace = Annotated[str, Depends(namespace)]
+
+
+def _metadata_out(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Stored metadata as returned. Within today's bounds as is; deeper (a record from before the
+    bound) checked to encode, and replaced by a note only if even the standard encoder cannot
+    (nothing the request parser accepted is that deep, so this is a last line of defence)."""
+    plain = dict(metadata)
+    if metadata_depth(plain) <= MAX_METADATA_DEPTH:
+        return plain
+    try:
+        json.dumps(plain)
+    except (RecursionError, ValueError) as exc:
+        log.warning("stored metadata cannot be returned: %s", exc)
+        return {"_lookupspec_error": "this document's metadata is nested too deep to return"}
+    return plain
 
 
 def _append(service: GatewayService, records: list[Record]) -> list[AppendAck]:
@@ -81,14 +106,14 @@ async def add_documents(request: Request, name: CollectionName, body: DocumentsU
         seen.add(doc.id)
     records = await run_in_threadpool(_build_records, service, ns, name, body)
     acks = await run_in_threadpool(_append, service, records)
-    return {
+    return JSONResponse({
         "object": "collection.documents",
         "collection": name,
         "added": len(records),
-        "documents": [{"id": r.doc_id, "token_count": len(r.tokens), "metadata": dict(r.metadata)}
+        "documents": [{"id": r.doc_id, "token_count": len(r.tokens), "metadata": _metadata_out(r.metadata)}
                       for r in records if isinstance(r, AddDocument)],
         "buffered": any(a.buffered for a in acks),
-    }
+    })
 
 
 @router.get("/v1/collections", response_model=CollectionList, responses=ERRORS(401))
@@ -106,10 +131,10 @@ async def get_collection(request: Request, name: CollectionName, ns: Namespace) 
     if info is None:
         raise not_found(f"no collection named {name!r}", "name", "collection_not_found")
     docs = state.list_documents(ns, name)
-    return {"object": "collection", "name": name, "document_count": info.document_count,
-            "token_count": info.token_count,
-            "documents": [{"id": d.doc_id, "token_count": d.token_count, "metadata": dict(d.metadata)}
-                          for d in docs]}
+    return JSONResponse({"object": "collection", "name": name, "document_count": info.document_count,
+                         "token_count": info.token_count,
+                         "documents": [{"id": d.doc_id, "token_count": d.token_count,
+                                        "metadata": _metadata_out(d.metadata)} for d in docs]})
 
 
 @router.get("/v1/collections/{name}/documents/{doc_id:path}", response_model=DocumentDetail,
@@ -118,8 +143,9 @@ async def get_document(request: Request, name: CollectionName, doc_id: DocumentI
     doc = service_of(request).store.state.get_document(ns, name, doc_id)
     if doc is None:
         raise not_found(f"no document {doc_id!r} in collection {name!r}", "doc_id", "document_not_found")
-    return {"object": "collection.document", "collection": name, "id": doc.doc_id,
-            "token_count": doc.token_count, "metadata": dict(doc.metadata), "text": doc.text}
+    return JSONResponse({"object": "collection.document", "collection": name, "id": doc.doc_id,
+                         "token_count": doc.token_count, "metadata": _metadata_out(doc.metadata),
+                         "text": doc.text})
 
 
 @router.delete("/v1/collections/{name}/documents/{doc_id:path}", response_model=DocumentDeleted,

@@ -7,7 +7,6 @@ Thin: validate (pydantic), plan on a thread-pool thread (``planning``), queue (`
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Annotated, Any
 
@@ -28,10 +27,10 @@ from .protocol import (
 from .routing import ERRORS, namespace, service_of
 from .service import GatewayService
 from .streaming import Kind, collect, new_id, speculation, sse_events, usage
+from .unknown_fields import UnknownFields
 
 __all__ = ["router"]
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 
 # With stream=true: Server-Sent Events, each event's data a JSON chunk (CompletionChunk / ChatChunk, or
@@ -41,16 +40,7 @@ _STREAM = {"text/event-stream": {"schema": {
     "description": "one SSE event: data is a JSON CompletionChunk / ChatChunk or {\"error\": ...}, "
                    "and the last event's data is [DONE]"}}}
 _GEN_ERRORS = ERRORS(400, 401, 404, 413, 429, 503, 504)
-_seen_unknown: set[str] = set()
-
-
-def _log_unknown_fields(body: CompletionRequest | ChatCompletionRequest) -> None:
-    extra = sorted((body.model_extra or {}).keys())
-    if extra:
-        new = [k for k in extra if k not in _seen_unknown]
-        _seen_unknown.update(new)
-        # Warn once per field name, then keep a debug trail.
-        (log.warning if new else log.debug)("ignoring unknown request fields: %s", ", ".join(extra))
+UNKNOWN_FIELDS = UnknownFields()  # process-wide, bounded
 
 
 def _model_card(service: GatewayService) -> dict[str, Any]:
@@ -76,7 +66,7 @@ async def _generate(request: Request, body: CompletionRequest | ChatCompletionRe
                     kind: Kind) -> Any:
     arrived = time.perf_counter()
     service = service_of(request)
-    _log_unknown_fields(body)
+    UNKNOWN_FIELDS.observe((body.model_extra or {}).keys())
     if body.model != service.config.model_name:
         raise not_found(f"the model {body.model!r} does not exist; this server serves "
                         f"{service.config.model_name!r}", "model", "model_not_found")

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import Request
 
+from .errors import APIError
 from .protocol import ErrorResponse
 from .service import GatewayService
 
@@ -17,7 +18,7 @@ _DESCRIPTIONS = {
     404: "unknown model, collection, document or route",
     413: "request or document over a size limit",
     429: "queue full; retry after Retry-After seconds",
-    503: "shutting down, engine unavailable, or the shared store's buffer is full",
+    503: "loading, shutting down, engine unavailable, or the shared store's buffer is full",
     504: "the request's deadline passed",
 }
 
@@ -28,7 +29,12 @@ def ERRORS(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def service_of(request: Request) -> GatewayService:
-    return request.app.state.service
+    """The running service. ``/v1`` routes only run once it exists (``AdmissionMiddleware``)."""
+    service = request.app.state.lifecycle.service
+    if service is None:
+        raise APIError(503, "the server is loading the model; retry shortly", code="loading",
+                       headers={"Retry-After": "1"})
+    return service
 
 
 def namespace(request: Request) -> str:

@@ -6,9 +6,12 @@ raises a 429 ``APIError`` with ``Retry-After`` (the expected wait). The event lo
 work: the worker streams events back to it through the job's ``Ticket`` (``call_soon_threadsafe``).
 
 Every job ends in one terminal event (``jobs``). Cancelling a ticket (client disconnect) stops the
-generation at the next step; so does the job's deadline. When a choice ends
-(finished, cancelled or failed), its output tokens are appended to the namespace's output log through
-the store, on a separate writer thread so fsync or a Redis round trip never delays the next request.
+generation at the next step; so does the job's deadline. Shutdown (``lifecycle``): ``begin_drain``
+refuses new jobs; ``cut_off`` ends the waiting and running ones with a 503 ``shutting_down`` (the
+worker keeps running, so every ticket gets its terminal event); ``close`` also stops the worker.
+When a choice ends (finished, cancelled or failed), its output tokens are appended to the namespace's
+output log through the store, on a separate writer thread so fsync or a Redis round trip never delays
+the next request.
 """
 
 from __future__ import annotations
@@ -42,6 +45,17 @@ __all__ = ["GatewayService"]
 log = logging.getLogger(__name__)
 
 _FAILURES_BEFORE_UNHEALTHY = 3  # consecutive engine errors after which /health reports 503
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "1"})
+
+
+def _cancelled(ticket: Ticket) -> APIError:
+    """The error a cancelled job ends with: the server's shutdown, or the client gone."""
+    if ticket.cancel_reason == "shutdown":
+        return _shutting_down()
+    return APIError(499, "the client went away", code="cancelled")
 
 
 @dataclass
@@ -95,18 +109,26 @@ class GatewayService:
         """SIGTERM: refuse new requests; queued and running ones go on."""
         self._draining = True
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Fail what still waits, cancel what runs, stop the worker, flush output appends."""
+    def cut_off(self) -> None:
+        """The drain timeout passed: fail the jobs still waiting, and stop the running one at its next
+        step, both with 503 ``shutting_down``. New jobs stay refused; the worker keeps running."""
         with self._cond:
-            self._draining = self._stopping = True
+            self._draining = True
             waiting = list(self._queue)
             self._queue.clear()
             running = self._running
-            self._cond.notify_all()
         for q in waiting:
-            q.ticket.emit(JobFailed(APIError(503, "the server is shutting down", code="shutting_down")))
+            self.metrics.aborted.labels(reason="shutdown").inc()
+            q.ticket.emit(JobFailed(_shutting_down()))
         if running is not None:
             running.cancel("shutdown")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Cut off what waits or runs, stop the worker, flush output appends."""
+        self.cut_off()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         if self._worker is not None:
             self._worker.join(timeout)
         self._writer.shutdown(wait=True)
@@ -120,8 +142,7 @@ class GatewayService:
         with self._cond:
             if self._draining:
                 self.metrics.rejected.labels(reason="draining").inc()
-                raise APIError(503, "the server is shutting down", code="shutting_down",
-                               headers={"Retry-After": "1"})
+                raise _shutting_down()
             if not self.worker_alive:
                 self.metrics.rejected.labels(reason="engine_unavailable").inc()
                 raise APIError(503, "the generation worker is not running", code="engine_unavailable")
@@ -177,7 +198,7 @@ class GatewayService:
         self.metrics.queue_time.observe(queued_s)
         if ticket.cancelled.is_set():
             self.metrics.aborted.labels(reason=ticket.cancel_reason).inc()
-            ticket.emit(JobFailed(APIError(499, "the client went away", code="cancelled")))
+            ticket.emit(JobFailed(_cancelled(ticket)))
             return
         if time.perf_counter() > job.deadline:
             self.metrics.aborted.labels(reason="deadline").inc()
@@ -209,7 +230,7 @@ class GatewayService:
                         reason = chunk.finish_reason
                         break
                     if ticket.cancelled.is_set():
-                        failure = APIError(499, "the client went away", code="cancelled")
+                        failure = _cancelled(ticket)
                         self.metrics.aborted.labels(reason=ticket.cancel_reason).inc()
                         break
                     if now > job.deadline:

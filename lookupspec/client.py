@@ -243,35 +243,34 @@ class LocalClient(Client):
 
     def _plan(self, request: GenerationRequest) -> tuple[list[int], Any, Any, Any]:
         from lookupspec.models import ModelLoadError
-        from lookupspec.params import LookupScope, SpecParams
+        from lookupspec.planning import PlanError, UnknownCollection, plan_lookup
 
         te = self.engine
         lk = request.lookup
-        base: SpecParams = te.engine.default_spec
         try:
-            spec = base.for_request(enabled=lk.enabled, max_draft_tokens=lk.max_draft_tokens,
-                                    sources=lk.sources, collections=lk.collections)
             params = te.params(max_tokens=request.max_tokens, temperature=request.temperature,
                                top_p=request.top_p, top_k=request.top_k, seed=request.seed)
         except ValueError as exc:
             raise ClientError(str(exc), param=_param_of(str(exc))) from exc
-        corpora = []
-        for i, name in enumerate(spec.collections):
+
+        def collection(name: str) -> Any:
             if name not in self._collections:
-                raise ClientError(f"no collection named {name!r}", status=404,
-                                  param=f"lookup.collections[{i}]", code="collection_not_found")
-            corpora.append(self._collections[name])
-        if lk.documents and spec.enabled:
-            inline = te.corpus_from_texts(lk.documents)
-            if inline is not None:
-                corpora.append(inline)
-        scope = LookupScope(corpora=tuple(corpora), output=self._output if "output" in spec.sources else None)
+                raise UnknownCollection(name)
+            return self._collections[name]
+
+        try:
+            plan = plan_lookup(te.engine.default_spec, enabled=lk.enabled, collections=lk.collections,
+                               documents=lk.documents, max_draft_tokens=lk.max_draft_tokens,
+                               sources=lk.sources, collection=collection,
+                               inline_corpus=te.corpus_from_texts, output=self._output)
+        except PlanError as exc:
+            raise ClientError(exc.message, status=exc.status, param=exc.param, code=exc.code) from exc
         try:
             prompt_ids = te.encode_prompt(request.prompt, request.messages)
         except (ValueError, ModelLoadError) as exc:  # e.g. a tokenizer without a chat template
             param = "messages" if request.messages is not None else "prompt"
             raise ClientError(str(exc), param=param) from exc
-        return prompt_ids, params, spec, scope
+        return prompt_ids, params, plan.spec, plan.scope
 
     def stream(self, request: GenerationRequest) -> Generator[Delta, None, None]:
         import numpy as np
@@ -287,7 +286,7 @@ class LocalClient(Client):
                     if chunk.text:
                         yield Delta(chunk.text)
                     continue
-                if spec.enabled and tokens:
+                if tokens:  # speculated or not: the output store serves later requests (planning)
                     self._output.append(np.asarray(tokens, dtype=np.int32))
                 usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
                          "total_tokens": len(prompt_ids) + len(tokens)}
@@ -336,11 +335,7 @@ class LocalClient(Client):
 
 def _param_of(message: str) -> str | None:
     """The request parameter a local validation message names ("top_p must be ..." -> "top_p")."""
-    if message.startswith("unknown lookup sources"):
-        return "lookup.sources"
     name = message.split(" ", 1)[0]
-    if name == "max_draft_tokens":
-        return "lookup.max_draft_tokens"
     return name if name in {"max_tokens", "temperature", "top_k", "top_p", "seed"} else None
 
 

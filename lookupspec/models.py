@@ -41,6 +41,7 @@ __all__ = [
     "lookupspec_home",
     "pull",
     "render_chat",
+    "render_chat_text",
     "resolve_model_path",
 ]
 
@@ -334,12 +335,18 @@ def eos_token_ids(loaded: LoadedModel) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
-    """Token ids of ``messages`` rendered with the tokenizer's chat template, ready for generation."""
+def render_chat_text(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
+    """``messages`` rendered with the tokenizer's chat template, ready for generation (text that is
+    tokenized without adding special tokens)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError("this model's tokenizer has no chat template; send a plain prompt instead")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+
+
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` rendered with the tokenizer's chat template, ready for generation."""
+    text = render_chat_text(tokenizer, messages)
     return list(tokenizer.encode(text, add_special_tokens=False))

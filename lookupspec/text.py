@@ -10,6 +10,7 @@ This is the in-process API the CLI, the gateway and the integrations use::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +26,10 @@ from lookupspec.models import (
     eos_token_ids,
     load_model,
     render_chat,
+    render_chat_text,
 )
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
+from lookupspec.prompt_bound import PromptBound
 from lookupspec.sampling import SamplingParams
 from lookupspec.stats import RequestStats
 
@@ -117,6 +120,20 @@ class TextEngine:
         if prompt is not None:
             return list(self.tokenizer.encode(prompt, add_special_tokens=True))
         return [int(t) for t in prompt_ids or ()]
+
+    def chat_text(self, messages: Sequence[dict[str, str]]) -> str:
+        """The text ``encode_prompt(messages=...)`` tokenizes (chat template applied)."""
+        return render_chat_text(self.tokenizer, messages)
+
+    def encode_text(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """Token ids of a prompt text (``add_special_tokens`` False for a rendered chat text)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    @functools.cached_property
+    def prompt_bound(self) -> PromptBound | None:
+        """Bytes above which a prompt cannot fit a window (``lookupspec.prompt_bound``); None when
+        the tokenizer allows no safe bound."""
+        return PromptBound.for_tokenizer(self.tokenizer)
 
     def corpus_documents(self, docs: Sequence[tuple[str, str]]) -> list[tuple[str, np.ndarray]]:
         """(id, text) pairs tokenized for a :class:`~lookupspec.index.CorpusStore` (no special tokens)."""

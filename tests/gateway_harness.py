@@ -30,8 +30,10 @@ class Gateway:
     """One ``lookupspec serve`` process. ``start()`` returns at once; ``wait_ready()`` polls /ready."""
 
     def __init__(self, model: Path, workdir: Path, *, args: Sequence[str] = (), name: str = "gateway",
-                 port: int | None = None, data_dir: Path | None = None) -> None:
+                 port: int | None = None, data_dir: Path | None = None,
+                 health_key: str | None = None) -> None:
         self.model = model
+        self.health_key = health_key  # a key that may see /health's detail (servers with API keys)
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.args = list(args)
@@ -87,7 +89,8 @@ class Gateway:
         return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def health(self, **params: Any) -> dict[str, Any]:
-        return httpx.get(self.url + "/health", params=params, timeout=10.0).json()
+        headers = {"Authorization": f"Bearer {self.health_key}"} if self.health_key else {}
+        return httpx.get(self.url + "/health", params=params, headers=headers, timeout=10.0).json()
 
     def metrics(self) -> dict[str, float]:
         """The /metrics samples as {name{labels}: value}."""

@@ -83,7 +83,7 @@ def encode_frame(payload: bytes) -> bytes:
     return head + struct.pack("<I", zlib.crc32(head)) + payload
 
 
-def _read_frame(buf: mmap.mmap | bytes, pos: int) -> tuple[Record, int]:
+def read_frame(buf: mmap.mmap | bytes, pos: int) -> tuple[Record, int]:
     """Decode the frame at ``pos``; return (record, end offset). Raises RecordError on damage."""
     if pos + _FRAME.size > len(buf):
         raise RecordError(f"frame header cut short ({len(buf) - pos} bytes)")
@@ -190,7 +190,7 @@ class EmbeddedLog:
                 pos = 0
                 while pos < size:
                     try:
-                        record, end = _read_frame(mm, pos)
+                        record, end = read_frame(mm, pos)
                     except RecordError as exc:
                         nxt = self._resync(mm, pos + 1)
                         if nxt is None:
@@ -214,7 +214,7 @@ class EmbeddedLog:
         pos = mm.find(MAGIC, start)
         while pos != -1:
             try:
-                _read_frame(mm, pos)
+                read_frame(mm, pos)
                 return pos
             except RecordError:
                 pos = mm.find(MAGIC, pos + 1)
@@ -248,6 +248,7 @@ class EmbeddedLog:
             # Skipped damage is reported, not degrading: every acknowledged record that survives
             # on disk is served. A failed write is degrading until a later write succeeds.
             "state": "degraded" if self._write_failing else "ok",
+            "synced": True,  # this process is the log's only writer: replayed means up to date
             "buffered": 0,
             "overflow": 0,
             "lag_s": 0.0,

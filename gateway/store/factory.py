@@ -103,17 +103,20 @@ class Store:
 
 def open_store(data_dir: Path, redis_url: str | None, *, key_prefix: str = "lookupspec:",
                stream_maxlen: int | None = 100_000, buffer_limit: int = 10_000,
+               output_buffer_limit: int = 1_000,
                max_outputs_per_namespace: int | None = 10_000, start: bool = True) -> Store:
-    """Open the embedded log under ``data_dir``, or the Redis log at ``redis_url`` (``data_dir`` is
-    then unused: the Redis streams are the log). ``key_prefix``, ``stream_maxlen`` (cap of the
-    outputs stream) and ``buffer_limit`` configure Redis (see ``RedisConfig``);
+    """Open the embedded log under ``data_dir``, or the Redis log at ``redis_url`` (the Redis streams
+    are then the log, and ``data_dir`` only holds spill files: appends still buffered when the store
+    is closed during a Redis outage, see ``spill.py``). ``key_prefix``, ``stream_maxlen`` (cap of the
+    outputs stream), ``buffer_limit`` and ``output_buffer_limit`` configure Redis (see ``RedisConfig``);
     ``max_outputs_per_namespace`` bounds each namespace's in-memory output cache (``StoreState``).
     With ``start`` (default) the store has replayed the log and follows it when this returns. For
     finer Redis settings build ``Store(RedisLog(RedisConfig(...)), StoreState(...))`` directly."""
     log: RecordLog
     if redis_url:
         log = RedisLog(RedisConfig(redis_url, key_prefix=key_prefix, stream_maxlen=stream_maxlen,
-                                   buffer_limit=buffer_limit))
+                                   buffer_limit=buffer_limit, output_buffer_limit=output_buffer_limit,
+                                   spill_dir=Path(data_dir)))
     else:
         log = EmbeddedLog(EmbeddedConfig(Path(data_dir)))
     store = Store(log, StoreState(max_outputs_per_namespace=max_outputs_per_namespace))

@@ -21,23 +21,31 @@ Acknowledged means one of two things, told apart by ``AppendAck.buffered``:
 - written to Redis (XADD returned its entry id); durable as far as Redis's own persistence goes
   (configure AOF if a Redis restart must not lose entries); or
 - Redis unreachable: accepted into this replica's bounded in-memory buffer, applied locally, and
-  written by a background thread once Redis returns (oldest first). Lost only if this process dies
-  before that.
+  written by a background thread once Redis returns (oldest first). A graceful stop before that
+  spills the buffer to ``spill_dir`` (``spill.py``), and the next replica started on that directory
+  takes it over; so only a kill -9 during an outage can lose it.
 
 Lookups never wait on Redis, and neither do appends once an outage is known: only while the backend
 still believes Redis healthy does ``append`` send an XADD, bounded by ``socket_timeout``; its first
 failure flips the backend to degraded and from then on appends go straight to the buffer until the
-flusher has emptied it. When the buffer is full the *newest* record is rejected with
-``BufferFullError`` (counted as ``overflow``): every buffered record was already acknowledged to a
-client, so dropping the oldest would break a promise silently, while a rejected append is an honest
-error the caller can report or retry. (Batches in flight when Redis failed are buffered even past
-the limit: they may have reached Redis already, so they cannot be reported as rejected.)
+flusher has emptied it. Documents (adds and deletes) and outputs have separate buffers with their
+own limits (``buffer_limit``, ``output_buffer_limit``): outputs are a cache that every generation
+appends to, and must never crowd out a document upload. The flusher writes documents first. When a
+buffer is full the *newest* record is rejected with ``BufferFullError`` (counted as ``overflow``):
+every buffered record was already acknowledged, so dropping the oldest would break a promise
+silently, while a rejected append is an honest error the caller can report or retry (the gateway
+drops a rejected output, answers a rejected upload with 503). (Batches in flight when Redis failed
+are buffered even past the limit: they may have reached Redis already, so they cannot be reported
+as rejected.)
 
 Every replica replays both streams at start-up (XRANGE in pages) and then follows them with blocking
 XREAD from a background thread, reconnecting with exponential backoff; after an outage the same XREAD
-cursor catches up on what other replicas wrote meanwhile. Records from all replicas, its own included,
-go to ``apply``; ``StoreState.apply`` dedupes by record id, so the effect is exactly once even though
-a retried XADD may leave a duplicate entry in the stream.
+cursor catches up on what other replicas wrote meanwhile. ``health()["synced"]`` turns true once the
+replica has read both streams to their end (the replay, or the follower when Redis was down at
+start-up) and stays true: a replica that started during an outage has not got the shared state yet.
+Records from all replicas, its own included, go to ``apply``; ``StoreState.apply`` dedupes by record
+id, so the effect is exactly once even though a retried XADD may leave a duplicate entry in the
+stream.
 
 Needs Redis >= 6.2 (exclusive XRANGE bounds). redis-py runs with its own retries off: this module
 retries with backoff off the request path instead.
@@ -52,6 +60,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -60,6 +69,7 @@ from redis.retry import Retry
 
 from .base import AppendAck, ApplyFn, BufferFullError, StoreClosedError
 from .records import AppendOutput, Record, RecordError, decode_record, encode_record
+from .spill import SpillDir, TakenOver
 
 __all__ = ["RedisConfig", "RedisLog"]
 
@@ -75,7 +85,9 @@ class RedisConfig:
     key_prefix: str = "lookupspec:"
     stream_maxlen: int | None = 100_000  # cap of the outputs stream; None = uncapped
     doc_stream_maxlen: int | None = None  # cap of the documents stream; capping it loses documents
-    buffer_limit: int = 10_000  # records held while Redis is unreachable
+    buffer_limit: int = 10_000  # document records held while Redis is unreachable
+    output_buffer_limit: int = 1_000  # output records held while Redis is unreachable (separately)
+    spill_dir: Path | None = None  # where a graceful stop leaves still-buffered records (spill.py)
     socket_timeout: float = 0.25  # seconds a request-path XADD may wait while Redis looks healthy
     connect_timeout: float = 0.25
     block_ms: int = 500  # XREAD BLOCK; also bounds how long stop() waits for the follower
@@ -92,8 +104,9 @@ class RedisConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be None or >= 1, got {value}")
-        if self.buffer_limit < 0:
-            raise ValueError(f"buffer_limit must be >= 0, got {self.buffer_limit}")
+        if self.buffer_limit < 0 or self.output_buffer_limit < 0:
+            raise ValueError(f"buffer_limit and output_buffer_limit must be >= 0, got {self.buffer_limit} "
+                             f"and {self.output_buffer_limit}")
         if self.socket_timeout <= 0 or self.connect_timeout <= 0:
             raise ValueError("socket_timeout and connect_timeout must be > 0")
         if self.block_ms < 1 or self.page_size < 1:
@@ -129,8 +142,15 @@ class RedisLog:
 
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the flusher waits on it
-        # (stream key, MAXLEN cap, payload), oldest first
-        self._buffer: collections.deque[tuple[str, int | None, bytes]] = collections.deque()
+        # per stream (documents first: the flusher's order): (stream key, MAXLEN cap, payload), oldest first
+        self._buffers: dict[str, collections.deque[tuple[str, int | None, bytes]]] = {
+            key: collections.deque() for key in self._keys}
+        self._limits = {config.documents_key: config.buffer_limit,
+                        config.outputs_key: config.output_buffer_limit}
+        self._spill = None if config.spill_dir is None else SpillDir(config.spill_dir, config.key_prefix)
+        self._taken = TakenOver()  # spill files taken over at start-up, deleted once flushed
+        self._taken_pending = dict.fromkeys(self._keys, 0)  # their records still at the buffers' heads
+        self._synced = False  # read both streams to their end at least once
         self._write_ok = True  # optimistic until an XADD fails
         self._read_ok = True
         self._behind_since: float | None = time.monotonic()  # None once caught up with the streams
@@ -147,6 +167,8 @@ class RedisLog:
         self.corrupt_records = 0
         self.apply_errors = 0
         self.outages = 0
+        self.spilled = 0  # records written to a spill file at close
+        self.recovered = 0  # records taken over from spill files at start-up
         self.last_error: str | None = None
 
     # ---- appends ----------------------------------------------------------------------------
@@ -169,7 +191,7 @@ class RedisLog:
         with self._lock:
             if self._closed:
                 raise StoreClosedError("the redis log is closed")
-            if not (self._write_ok and not self._buffer):
+            if not (self._write_ok and not self._buffered()):
                 return self._enqueue(records, items)
         try:
             pipe = self._writer.pipeline(transaction=False)
@@ -188,15 +210,24 @@ class RedisLog:
             self.appended += len(records)
         return [AppendAck(r.record_id, eid.decode()) for r, eid in zip(records, entry_ids, strict=True)]
 
+    def _buffered(self) -> int:
+        # caller holds self._lock
+        return sum(len(b) for b in self._buffers.values())
+
     def _enqueue(self, records: Sequence[Record], items: list[tuple[str, int | None, bytes]],
                  force: bool = False) -> list[AppendAck]:
-        # caller holds self._lock
-        if not force and len(self._buffer) + len(items) > self.config.buffer_limit:
-            self.overflow += len(items)
-            raise BufferFullError(
-                f"redis unreachable and the append buffer is full ({len(self._buffer)} of "
-                f"{self.config.buffer_limit} records); {len(items)} record(s) rejected")
-        self._buffer.extend(items)
+        # caller holds self._lock. All or nothing: a batch over either buffer's limit is rejected whole.
+        if not force:
+            for key, buffer in self._buffers.items():
+                wanted = sum(1 for k, _, _ in items if k == key)
+                if wanted and len(buffer) + wanted > self._limits[key]:
+                    self.overflow += len(items)
+                    kind = "document" if key == self.config.documents_key else "output"
+                    raise BufferFullError(
+                        f"redis unreachable and the {kind} append buffer is full ({len(buffer)} of "
+                        f"{self._limits[key]} records); {len(items)} record(s) rejected")
+        for item in items:
+            self._buffers[item[0]].append(item)
         self.buffered_total += len(items)
         self._ensure_flusher()
         self._wake.notify()
@@ -219,7 +250,7 @@ class RedisLog:
         backoff = self.config.backoff_initial
         while not self._stop.is_set():
             with self._lock:
-                while self._write_ok and not self._buffer and not self._stop.is_set():
+                while self._write_ok and not self._buffered() and not self._stop.is_set():
                     self._wake.wait()
             if self._stop.is_set():
                 return
@@ -230,9 +261,11 @@ class RedisLog:
                 backoff = min(2 * backoff, self.config.backoff_max)
 
     def _flush_once(self) -> bool:
-        """Write the oldest buffered records (or PING when none); True on success."""
+        """Write the oldest buffered records, documents first (or PING when none); True on success."""
         with self._lock:
-            batch = list(itertools.islice(self._buffer, _FLUSH_BATCH))
+            key = next((k for k in self._keys if self._buffers[k]), self._keys[0])
+            buffer = self._buffers[key]
+            batch = list(itertools.islice(buffer, _FLUSH_BATCH))
         try:
             if batch:
                 pipe = self._writer.pipeline(transaction=False)
@@ -249,9 +282,12 @@ class RedisLog:
             return False
         with self._lock:
             for _ in batch:  # appends only add on the right, so the batch is still the left end
-                self._buffer.popleft()
+                buffer.popleft()
             self.flushed += len(batch)
-            if not self._buffer and not self._write_ok:
+            self._taken_pending[key] = max(0, self._taken_pending[key] - len(batch))
+            if self._taken.files and not any(self._taken_pending.values()):
+                self._taken.release(delete=True)  # every taken-over record is in Redis now
+            if not self._buffered() and not self._write_ok:
                 self._write_ok = True
                 log.warning("redis writes recovered; %d buffered records flushed", self.flushed)
         return True
@@ -259,9 +295,10 @@ class RedisLog:
     # ---- replay and follow ------------------------------------------------------------------
 
     def replay(self, apply: ApplyFn) -> int:
-        """XRANGE both streams in pages from the start. If Redis is unreachable, report degraded
-        and return what was read: the follower resumes from the same cursor when Redis returns."""
-        count = 0
+        """Take over spill files (their records are applied and buffered for Redis), then XRANGE both
+        streams in pages from the start. If Redis is unreachable, report degraded and return what was
+        read: the follower resumes from the same cursor when Redis returns."""
+        count = self._take_over_spills(apply)
         try:
             for key in self._keys:
                 start: bytes = b"-"
@@ -279,7 +316,36 @@ class RedisLog:
         with self._lock:
             self._behind_since = None
             self._read_ok = True
+            self._synced = True
         return count
+
+    def _take_over_spills(self, apply: ApplyFn) -> int:
+        """Records a replica spilled at a graceful stop during an outage: acknowledged, so applied
+        here and written to Redis by the flusher (which deletes the files once they are all there)."""
+        if self._spill is None:
+            return 0
+        taken = self._spill.take_over()
+        if not taken.files:
+            return 0
+        for record in taken.records:
+            try:
+                apply(record)
+            except Exception:
+                self.apply_errors += 1
+                log.exception("applying a spilled record failed")
+        with self._lock:
+            self._taken = taken
+            items = [(*self._route(r), encode_record(r)) for r in taken.records]
+            for key in self._keys:
+                self._taken_pending[key] = sum(1 for k, _, _ in items if k == key)
+            self.recovered += len(items)
+            if items:
+                self._enqueue(taken.records, items, force=True)
+            else:
+                taken.release(delete=True)
+        log.warning("took over %d buffered record(s) spilled by a stopped replica (%d file(s))",
+                    len(items), len(taken.files))
+        return len(items)
 
     def _deliver(self, apply: ApplyFn, key: str, entry_id: bytes, fields: Any) -> None:
         self._cursor[key] = entry_id
@@ -344,18 +410,25 @@ class RedisLog:
                     self._behind_since = self._behind_since or time.monotonic()
                 else:
                     self._behind_since = None
+                    self._synced = True
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
         with self._lock:
             following = self._follower is not None and not self._stop.is_set()
-            ok = self._write_ok and not self._buffer and (self._read_ok or not following)
+            buffered = self._buffered()
+            ok = self._write_ok and not buffered and (self._read_ok or not following)
             return {
                 "backend": "redis",
                 "state": "ok" if ok else "degraded",
-                "buffered": len(self._buffer),
+                # read both streams to their end at least once since start (see the module docstring)
+                "synced": self._synced,
+                "buffered": buffered,
+                "buffered_documents": len(self._buffers[self.config.documents_key]),
+                "buffered_outputs": len(self._buffers[self.config.outputs_key]),
                 "buffer_limit": self.config.buffer_limit,
+                "output_buffer_limit": self.config.output_buffer_limit,
                 "overflow": self.overflow,
                 "last_error": self.last_error,
                 # how long this replica may have been missing other replicas' writes
@@ -368,6 +441,8 @@ class RedisLog:
                 "corrupt_records": self.corrupt_records,
                 "apply_errors": self.apply_errors,
                 "outages": self.outages,
+                "spilled": self.spilled,
+                "recovered_from_spill": self.recovered,
                 "streams": list(self._keys),
             }
 
@@ -382,16 +457,31 @@ class RedisLog:
                 thread.join(timeout)
 
     def close(self) -> None:
-        """Stop, make one last attempt to flush the buffer (bounded by socket_timeout), log what
-        could not be written, release connections. Idempotent."""
+        """Stop, make one last attempt to flush the buffers (bounded by socket_timeout), spill what
+        could not be written to ``spill_dir`` (without one: log it as lost), release connections.
+        Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self.stop()
-        while self._buffer and self._flush_once():
+        while self._buffered() and self._flush_once():
             pass
-        if self._buffer:
-            log.error("closing with %d buffered records that never reached redis", len(self._buffer))
+        with self._lock:
+            left = [payload for key in self._keys for _, _, payload in self._buffers[key]]
+        if left and self._spill is not None:
+            try:
+                path = self._spill.write(left)
+            except OSError as exc:
+                log.error("closing with %d buffered records that never reached redis; spilling them to "
+                          "%s failed: %s", len(left), self._spill.directory, exc)
+            else:
+                self.spilled = len(left)
+                log.warning("redis unreachable at shutdown: %d buffered record(s) spilled to %s; the next "
+                            "replica started with this data directory writes them", len(left), path)
+        elif left:
+            log.error("closing with %d buffered records that never reached redis", len(left))
+        # The taken-over files' records reached Redis or are in the new spill file: either way done.
+        self._taken.release(delete=not left or self.spilled > 0)
         self._write_pool.disconnect()
         self._read_pool.disconnect()

@@ -2,16 +2,28 @@
 and /metrics. Every flag can also be set from the environment variable named in its help.
 
 The shared store is embedded (an append-only log under --data-dir) unless --redis-url is given; then
-every replica on that Redis shares documents and output caches. SIGTERM stops accepting requests,
-lets in-flight ones finish (up to --drain-timeout seconds) and exits with status 0."""
+every replica on that Redis shares documents and output caches (and --data-dir holds only what a stop
+during a Redis outage could not write).
+
+Lifecycle (``lookupspec.gateway.lifecycle``): the socket is bound first and the model is loaded on a
+background thread; meanwhile /health answers "loading" and /v1 requests get 503. SIGTERM starts a
+drain: the listener stays open (/ready says "draining", new requests get 503 shutting_down),
+in-flight requests finish for up to --drain-timeout seconds, streams still running then end with an
+error event and [DONE]; then the server closes and exits with status 0. A second signal exits at
+once. A model or store that cannot be opened exits with status 2."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import logging
 import os
 import signal
+import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,12 +84,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--redis-stream-maxlen", type=_positive, default=_env("REDIS_STREAM_MAXLEN", 100_000, int),
       help="cap of the Redis output stream [env LOOKUPSPEC_REDIS_STREAM_MAXLEN]")
     a("--redis-buffer-limit", type=_non_negative, default=_env("REDIS_BUFFER_LIMIT", 10_000, int),
-      help="appends held in memory while Redis is unreachable [env LOOKUPSPEC_REDIS_BUFFER_LIMIT]")
+      help="document writes held in memory while Redis is unreachable [env LOOKUPSPEC_REDIS_BUFFER_LIMIT]")
+    a("--redis-output-buffer-limit", type=_non_negative,
+      default=_env("REDIS_OUTPUT_BUFFER_LIMIT", 1_000, int),
+      help="outputs held in memory while Redis is unreachable, apart from documents (more are dropped: "
+           "the output cache is a cache) [env LOOKUPSPEC_REDIS_OUTPUT_BUFFER_LIMIT]")
     keys = _env("API_KEYS", [], lambda s: [k.strip() for k in s.split(",") if k.strip()])
     a("--api-key", action="append", dest="api_keys", default=None, metavar="KEY:NAMESPACE",
       help="accept this key for this namespace (repeatable; none: no auth, one namespace) "
            "[env LOOKUPSPEC_API_KEYS, comma-separated]")
     parser.set_defaults(env_api_keys=keys)
+    a("--admin-key", default=_env("ADMIN_KEY", None),
+      help="the key that may see /health's detail and digest (unset: any valid API key; without API "
+           "keys, set it to protect just that detail) [env LOOKUPSPEC_ADMIN_KEY]")
     a("--max-queue", type=_non_negative, default=_env("MAX_QUEUE", 64, int),
       help="requests that may wait while one generates; more get 429 [env LOOKUPSPEC_MAX_QUEUE]")
     a("--request-timeout", type=_seconds, default=_env("REQUEST_TIMEOUT", 600.0, float),
@@ -105,72 +124,204 @@ def _warm_up(text_engine: Any) -> None:
         pass
 
 
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
+_GRACE_S = 5  # after a drain, how long the last answers (and uvicorn's connections) may take
 
-    from lookupspec.gateway.app import build_service, create_app
-    from lookupspec.gateway.config import GatewayConfig, Limits, parse_api_keys
-    from lookupspec.gateway.store import StoreError, open_store
-    from lookupspec.text import TextEngine
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything heavy is imported or loaded: from here on clients
+    are queued by the kernel instead of refused, and answered (/health: "loading") as soon as the
+    server loop runs (after the imports, a few seconds), long before the model is ready."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    from lookupspec.gateway.config import Limits, parse_api_keys
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         keys = parse_api_keys(args.api_keys if args.api_keys is not None else args.env_api_keys)
+        limits = Limits(max_body_bytes=args.max_body_bytes, max_documents_per_request=args.max_documents,
+                        max_document_bytes=args.max_document_bytes)
+        if args.admin_key is not None and (not args.admin_key or args.admin_key in keys):
+            raise ValueError("--admin-key must be non-empty and differ from every API key")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        # warmup: seeds the cost model that decides how much to draft (a few dummy forwards)
-        te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
-                             packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
-                             warmup=True,
-                             log=lambda m: print(m, file=sys.stderr))
-    except ModelLoadError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        sock = _bind(args.host, args.port)
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
+    host, port = sock.getsockname()[:2]
+    _say(f"listening on http://{f'[{host}]' if ':' in host else host}:{port} "
+         "(/health answers 'loading' until the model is ready)")
     try:
-        config = GatewayConfig(
-            model_name=args.served_model_name or te.loaded.name, api_keys=keys, max_queue=args.max_queue,
-            request_timeout_s=args.request_timeout, drain_timeout_s=max(args.drain_timeout, 0.0),
-            max_model_len=args.max_model_len, output_cap_tokens=args.output_cap_tokens,
-            limits=Limits(max_body_bytes=args.max_body_bytes, max_documents_per_request=args.max_documents,
-                          max_document_bytes=args.max_document_bytes))
+        return _serve(args, sock, keys, limits)
+    finally:
+        sock.close()
+
+
+def _serve(args: argparse.Namespace, sock: socket.socket, keys: dict[str, str], limits: Any) -> int:
+    import uvicorn
+
+    from lookupspec.gateway.app import build_app
+    from lookupspec.gateway.auth import Authenticator
+    from lookupspec.gateway.lifecycle import Lifecycle
+    from lookupspec.gateway.store import StoreError, open_store
+
+    try:
+        # Opened (not started: no replay yet) before serving, so a locked data directory or a bad
+        # Redis URL is an error at once.
         store = open_store(args.data_dir, args.redis_url, key_prefix=args.redis_prefix,
                            stream_maxlen=args.redis_stream_maxlen, buffer_limit=args.redis_buffer_limit,
-                           start=False)
+                           output_buffer_limit=args.redis_output_buffer_limit, start=False)
     except (ValueError, StoreError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        service = build_service(te, store, config)
-        replayed = store.start()
-    except (StoreError, OSError) as exc:
-        store.close()
-        print(f"error: cannot open the store: {exc}", file=sys.stderr)
-        return 2
-    backend = f"redis {args.redis_url}" if args.redis_url else f"embedded {args.data_dir}"
-    print(f"store: {backend}, {replayed} records replayed", file=sys.stderr)
-    _warm_up(te)
-    app = create_app(service, close_store=True)
-    server = _draining_server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                             timeout_graceful_shutdown=config.drain_timeout_s, lifespan="on"),
-                              on_exit=service.begin_drain)
+    lifecycle = Lifecycle()
+    drain_timeout = max(args.drain_timeout, 0.0)
+    app = build_app(lifecycle, auth=Authenticator(keys, admin_key=args.admin_key),
+                    max_body_bytes=limits.max_body_bytes, drain_timeout_s=drain_timeout, store=store)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
+                            timeout_graceful_shutdown=_GRACE_S, http=_http_protocol())
+    server = _gateway_server(config, lifecycle, drain_timeout,
+                             load=lambda: _load(args, keys, limits, store, lifecycle))
     # uvicorn re-raises the signal it stopped on once it has shut down, with the handler that was in
     # place before it started: a no-op here, so a drained SIGTERM ends with exit status 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    server.run()
-    return 0
+    server.run(sockets=[sock])
+    return lifecycle.exit_code
 
 
-def _draining_server(config: Any, on_exit: Callable[[], None]) -> Any:
-    """A ``uvicorn.Server`` that tells the service to refuse new requests as soon as a signal comes
-    (uvicorn itself stops accepting connections, then waits for open ones up to the drain timeout)."""
+def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: Any, lifecycle: Any) -> bool:
+    """Build the service (model, store replay, warm-up) and hand it to ``lifecycle``. Runs on the
+    loader thread while the server already answers. False when it failed (reported, exit status 2)."""
+    import torch
+
+    from lookupspec.gateway.app import build_service
+    from lookupspec.gateway.config import GatewayConfig
+    from lookupspec.gateway.store import StoreError
+    from lookupspec.text import TextEngine
+
+    started = time.perf_counter()
+    try:
+        # warmup: seeds the cost model that decides how much to draft (a few dummy forwards)
+        te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
+                             packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
+                             warmup=True, log=_say)
+        config = GatewayConfig(
+            model_name=args.served_model_name or te.loaded.name, api_keys=keys, admin_key=args.admin_key,
+            max_queue=args.max_queue, request_timeout_s=args.request_timeout,
+            drain_timeout_s=max(args.drain_timeout, 0.0), max_model_len=args.max_model_len,
+            output_cap_tokens=args.output_cap_tokens, limits=limits)
+        service = build_service(te, store, config)
+        spec = te.engine.default_spec
+        _say(f"model: {config.model_name} ({te.loaded.path}), {args.dtype} on {args.device}, "
+             f"{torch.get_num_threads()} threads, context window {service.context_window} tokens; "
+             f"speculation {'on' if spec.enabled else 'off'}: up to {spec.max_draft_tokens} draft tokens "
+             f"per step, sources {','.join(spec.sources)}, draft model {args.draft_model or 'none'}; "
+             f"packed linear {'on' if args.packed_linear else 'off'}, "
+             f"lean forward {'on' if args.lean_forward else 'off'}")
+        replayed = store.start()
+        backend = f"redis {args.redis_url}" if args.redis_url else f"embedded {args.data_dir}"
+        synced = store.health().get("synced", True)
+        _say(f"store: {backend}, {replayed} records replayed"
+             + ("" if synced else " (redis unreachable: /ready answers 'syncing' until it is read)"))
+        _warm_up(te)
+    except (ModelLoadError, StoreError, OSError, ValueError) as exc:
+        _say(f"error: {exc}")
+        lifecycle.fail(str(exc), exit_code=2)
+        return False
+    except Exception as exc:  # a bug: report it and exit rather than serve 'loading' forever
+        logging.getLogger(__name__).exception("start-up failed")
+        lifecycle.fail(f"{type(exc).__name__}: {exc}", exit_code=1)
+        return False
+    if not lifecycle.set_ready(service):  # stopped while loading
+        service.close(timeout=1.0)
+        return False
+    _say(f"ready: serving {config.model_name} ({time.perf_counter() - started:.1f} s to load)")
+    return True
+
+
+def _http_protocol() -> Any:
+    """uvicorn's HTTP protocol class, answering a request it cannot parse (a malformed
+    Content-Length, a bad request line) with an OpenAI-shaped 400 instead of plain text."""
+    from lookupspec.gateway.errors import error_body
+
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    except ImportError:  # uvicorn without httptools
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
+
+    body = json.dumps(error_body("invalid HTTP request: malformed request line or headers "
+                                 "(e.g. Content-Length)", "invalid_request_error", None,
+                                 "invalid_http_request")).encode()
+
+    class Protocol(Base):
+        def send_400_response(self, msg: str) -> None:
+            head = [b"HTTP/1.1 400 Bad Request\r\n"]
+            for name, value in self.server_state.default_headers:
+                head += [name, b": ", value, b"\r\n"]
+            head += [b"content-type: application/json\r\n",
+                     b"content-length: " + str(len(body)).encode() + b"\r\n",
+                     b"connection: close\r\n\r\n"]
+            self.transport.write(b"".join(head) + body)
+            self.transport.close()
+
+    return Protocol
+
+
+def _gateway_server(config: Any, lifecycle: Any, drain_timeout: float, load: Callable[[], bool]) -> Any:
+    """A ``uvicorn.Server`` with the replica's lifecycle: the loader starts once the server runs, and
+    the first SIGTERM/SIGINT drains (``Lifecycle.drain``, listener open) before uvicorn shuts down;
+    a signal while loading, or a second one, exits at once. (A factory, as uvicorn is imported only
+    when serving.)"""
     import uvicorn
 
-    class DrainingServer(uvicorn.Server):
+    class GatewayServer(uvicorn.Server):
+        def __init__(self) -> None:
+            super().__init__(config)
+            self._loop: asyncio.AbstractEventLoop | None = None
+            self._drain_task: asyncio.Task[None] | None = None
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.should_exit or not self.servers:
+                return
+            self._loop = asyncio.get_running_loop()
+            threading.Thread(target=self._load, name="model-loader", daemon=True).start()
+
+        def _load(self) -> None:
+            if not load():
+                self.should_exit = True  # nothing to serve: shut down (exit status from lifecycle)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
-            on_exit()
+            # Runs in the signal handler: only schedule the drain on the loop.
+            if self._drain_task is None and self._loop is not None and lifecycle.begin_drain():
+                _say(f"signal {sig}: draining (up to {drain_timeout:g} s for requests in flight)")
+                self._loop.call_soon_threadsafe(self._start_drain, sig)
+                return
             super().handle_exit(sig, frame)
 
-    return DrainingServer(config)
+        def _start_drain(self, sig: int) -> None:
+            self._drain_task = asyncio.ensure_future(self._drain(sig))
+
+        async def _drain(self, sig: int) -> None:
+            await lifecycle.drain(drain_timeout, grace=_GRACE_S)
+            super().handle_exit(sig, None)
+
+    return GatewayServer()

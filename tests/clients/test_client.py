@@ -80,6 +80,51 @@ def test_collections_and_inline_documents_are_drafted_from(client) -> None:
     assert without.text == first.text and without.speculation["draft_tokens"] == 0
 
 
+def _outputs(client, gateway) -> int:
+    """Outputs in the gateway's output log (0 in process: there they are appended before the last
+    delta, the gateway appends them just after its response)."""
+    if not isinstance(client, GatewayClient):
+        return 0
+    import httpx
+
+    return httpx.get(gateway.url + "/health").json()["store"]["outputs"]
+
+
+def _wait_for_outputs(client, gateway, count: int) -> None:
+    import time
+
+    if not isinstance(client, GatewayClient):
+        return
+    deadline = time.monotonic() + 10
+    while _outputs(client, gateway) < count:
+        assert time.monotonic() < deadline, "the output was not appended"
+        time.sleep(0.02)
+
+
+def test_both_clients_plan_lookup_scope_and_output_appends_the_same_way(client, tiny_gateway) -> None:
+    """One planning path (lookupspec.planning) for both: the output of a request that did not
+    speculate still feeds later requests; the output store and inline documents are used only when
+    speculating with their source."""
+    prompt = f"Planning rules seen by {type(client).__name__}: one, two,"
+    plain = GenerationRequest(prompt=prompt, max_tokens=24, lookup=Lookup(enabled=False))
+    before = _outputs(client, tiny_gateway)
+    first = client.complete(plain)
+    assert first.speculation["draft_tokens"] == 0
+    _wait_for_outputs(client, tiny_gateway, before + 1)
+    from_output = client.complete(GenerationRequest(prompt=prompt, max_tokens=24,
+                                                    lookup=Lookup(sources=("output",))))
+    assert from_output.text == first.text
+    assert from_output.speculation["draft_tokens_by_source"].get("output", 0) > 0, from_output.speculation
+    for lookup in (Lookup(sources=("context",)), Lookup(enabled=False, sources=("output",))):
+        other = client.complete(GenerationRequest(prompt=prompt, max_tokens=24, lookup=lookup))
+        assert other.text == first.text
+        assert other.speculation["draft_tokens_by_source"].get("output", 0) == 0, lookup
+    # inline documents are no source unless "corpus" is
+    inline = client.complete(GenerationRequest(prompt=prompt, max_tokens=24, lookup=Lookup(
+        documents=(prompt + first.text,), sources=("context",))))
+    assert inline.text == first.text and inline.speculation["draft_tokens_by_source"].get("corpus", 0) == 0
+
+
 def test_bad_requests_raise_client_errors_naming_the_parameter(client) -> None:
     with pytest.raises(ClientError) as err:
         client.complete(GenerationRequest(prompt="x", lookup=Lookup(collections=("no-such",))))

@@ -22,13 +22,15 @@ def test_every_setting_comes_from_the_environment_too(monkeypatch: pytest.Monkey
            "LOOKUPSPEC_HOST": "0.0.0.0", "LOOKUPSPEC_PORT": "9001", "LOOKUPSPEC_DATA_DIR": str(tmp_path),
            "LOOKUPSPEC_REDIS_URL": "redis://r:1/0", "LOOKUPSPEC_API_KEYS": "k1:alpha, k2:beta",
            "LOOKUPSPEC_MAX_QUEUE": "3", "LOOKUPSPEC_REQUEST_TIMEOUT": "12.5", "LOOKUPSPEC_DRAIN_TIMEOUT": "4",
-           "LOOKUPSPEC_MAX_MODEL_LEN": "512"}
+           "LOOKUPSPEC_MAX_MODEL_LEN": "512", "LOOKUPSPEC_ADMIN_KEY": "sk-admin",
+           "LOOKUPSPEC_REDIS_OUTPUT_BUFFER_LIMIT": "77"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     args = parse()
     assert (args.model, args.draft_model, args.host, args.port) == ("/models/m", "/models/d", "0.0.0.0", 9001)
     assert (args.data_dir, args.redis_url, args.max_queue) == (tmp_path, "redis://r:1/0", 3)
     assert (args.request_timeout, args.drain_timeout, args.max_model_len) == (12.5, 4.0, 512)
+    assert (args.admin_key, args.redis_output_buffer_limit) == ("sk-admin", 77)
     assert args.api_keys is None and args.env_api_keys == ["k1:alpha", "k2:beta"]
     # flags win over the environment
     args = parse("--max-queue", "7", "--api-key", "k9:gamma")
@@ -54,6 +56,8 @@ def test_api_keys_map_to_namespaces() -> None:
 def test_a_bad_api_key_flag_is_an_error_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
     assert serve.run(parse("--api-key", "missing-namespace", "--model", "./does-not-exist")) == 2
     assert "KEY:NAMESPACE" in capsys.readouterr().err
+    assert serve.run(parse("--api-key", "k1:alpha", "--admin-key", "k1", "--model", "./does-not-exist")) == 2
+    assert "--admin-key" in capsys.readouterr().err
 
 
 def test_a_bad_environment_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
