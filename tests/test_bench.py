@@ -167,3 +167,27 @@ def test_bench_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     assert greedy["median_speedup_vs_hf_greedy"] == 1.0 and greedy["exact"] == 2
     assert summary["peak_rss_mib"] > 0
     assert "hf-assisted" not in {r["system"] for r in rows}
+
+
+def test_bench_batch_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
+    out = tmp_path / "batch.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lookupspec.cli", "bench-batch", "--model", str(tiny_models["tiny-llama"]),
+         "--limit", "2", "--kinds", "code_edit,creative", "--max-tokens", "10", "--batch-sizes", "1,2",
+         "--rows", "1,4", "--context", "64", "--rounds", "2", "--throughput-batches", "1,2",
+         "--exactness-batches", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| batch | 1 rows | 4 rows |" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["batch_invariant"] is True and result["prompts"] == 2
+    assert {(r["batch"], r["rows"]) for r in result["cost"]} == {(1, 1), (1, 4), (2, 1), (2, 4)}
+    assert all(r["ms"] > 0 for r in result["cost"])
+    assert {(r["drafts"], r["batch"]) for r in result["throughput"]} == {
+        (d, b) for d in ("plain", "lookup") for b in (1, 2)}
+    assert all(r["decode_tokens"] > 0 for r in result["throughput"])
+    modes = {(r["mode"], r["batch"]) for r in result["exactness"]}
+    assert modes == {("greedy", 2), ("sampled T=0.8", 2), ("greedy, plain", 2)}
+    for r in result["exactness"]:  # the tiny model's logits are spread out: no near-ties, no differences
+        assert r["identical"] == r["prompts"] == 2 and r["other_differences"] == 0
