@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from lookupspec import kernels
-from lookupspec.adaptive import BudgetPolicy, CostModel
+from lookupspec.adaptive import BudgetPolicy
 from lookupspec.drafting.base import DraftSessions
 from lookupspec.drafting.policy import Draft, DraftPolicy
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
@@ -95,11 +95,6 @@ class Engine:
     def lean(self) -> Any:
         """The runner's lean forward, or None when it runs transformers' forward."""
         return self.runner.lean
-
-    @property
-    def cost(self) -> CostModel:
-        """Measured seconds of a one-sequence step per input size (the drafting policy's)."""
-        return self.drafting.cost
 
     # ------------------------------------------------------------------------------------ lifecycle
 
@@ -193,19 +188,22 @@ class Engine:
     # ---------------------------------------------------------------------------------------- step
 
     @torch.inference_mode()
-    def step(self, seqs: Sequence[SequenceState]) -> list[StepOutput]:
+    def step(self, seqs: Sequence[SequenceState], max_rows: int | None = None) -> list[StepOutput]:
         """One decode/verify step for every sequence in ``seqs`` (each prefilled, not finished);
-        returns their outputs in the same order."""
+        returns their outputs in the same order. ``max_rows`` caps the step's rows (root + draft
+        nodes of every sequence; at least one per sequence)."""
         for s in seqs:
             if not s.running:
                 raise ValueError("step() takes sequences that are prefilled and not finished")
+        rooms = [max(0, min(s.params.max_tokens - s.generated - 1, self.context_window - s.cache_len - 2,
+                            s.max_draft)) for s in seqs]
+        chosen = self.drafting.choose_batch([s.draft_inputs() for s in seqs], rooms,
+                                            [s.cache_len for s in seqs], max_rows)
         drafts: list[Draft] = []
         outputs: dict[int, StepOutput] = {}
         run: list[int] = []  # indices into seqs that take part in the forward
-        for i, s in enumerate(seqs):
+        for i, (s, draft) in enumerate(zip(seqs, chosen, strict=True)):
             L = s.cache_len
-            room = min(s.params.max_tokens - s.generated - 1, self.context_window - L - 2, s.max_draft)
-            draft = self.drafting.choose(s.draft_inputs(), room) if room > 0 else Draft()
             if len(draft) and not self.runner.reserve(s.slot, L + 1 + len(draft)):
                 draft = Draft(draft_s=draft.draft_s)  # no room for the draft: a plain step
             if not self.runner.reserve(s.slot, L + 1):
@@ -244,8 +242,8 @@ class Engine:
             s = seqs[i]
             self.runner.pool.truncate(s.slot, s.cache_len + 1 + results[j].num_accepted)
         step_s = time.perf_counter() - t0
-        if len(order) == 1:  # the cost model is per one-sequence step (the batch-aware one is #14)
-            self.drafting.observe_step(len(drafts[order[0]]) + 1, step_s)
+        self.drafting.observe_step([len(drafts[i]) + 1 for i in order], [seqs[i].cache_len for i in order],
+                                   step_s)
         for j, i in enumerate(order):
             outputs[i] = self._advance(seqs[i], drafts[i], results[j], step_s)
 
@@ -317,23 +315,38 @@ class Engine:
 
     # ------------------------------------------------------------------------------------ warm-up
 
-    def warmup(self, sizes: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32), context: int = 64) -> None:
-        """Seed the cost model with measured step times on a dummy context. Each size runs once
-        untimed first: the first forward of a new shape pays one-time set-up costs that would
-        otherwise read as a very expensive forward and switch speculation off."""
-        context = max(1, min(context, self.context_window - max(sizes) - 2))
-        slot = self.runner.allocate(context + max(sizes) + 2)
+    def warmup(self, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), batches: Sequence[int] = (1, 2, 4, 8),
+               context: int = 64) -> None:
+        """Seed the step cost model with measured forwards on dummy contexts: one sequence over each
+        of ``sizes`` rows, and ``batches`` sequences of 1 and 4 rows each. Each shape runs once
+        untimed first: the first forward of a new shape pays one-time set-up costs that would otherwise
+        read as a very expensive step and switch speculation off."""
+        sizes = [n for n in sizes if n + 2 < self.context_window]
+        context = max(1, min(context, self.context_window - max(sizes, default=1) - 2))
+        shapes = [(1, n) for n in sizes] + [(b, r) for b in batches if b > 1 for r in (1, 4)]
+        nb = min(max(b for b, _ in shapes), self.runner.pool.max_slots)
+        slots = []
         try:
             with torch.inference_mode():
-                self.runner.prefill(slot, [i % self.vocab_size for i in range(context)])
-                for n in sizes:
-                    rows = [SeqRows(slot, [7 % self.vocab_size] * n)]
+                for j in range(nb):
+                    slots.append(self.runner.allocate(context + max(sizes, default=1) + 2))
+                    self.runner.prefill(slots[-1], [(i + j) % self.vocab_size for i in range(context)])
+                for b, r in shapes:
+                    rows = [SeqRows(slot, [7 % self.vocab_size] * r) for slot in slots[:b]]
                     times = []
                     for _ in range(3):
                         t0 = time.perf_counter()
                         self.runner.forward(rows)
                         times.append(time.perf_counter() - t0)
-                        self.runner.pool.truncate(slot, context)
-                    self.drafting.observe_step(n, min(times[1:]))
+                        for slot in slots[:b]:
+                            self.runner.pool.truncate(slot, context)
+                    self.drafting.observe_step([r] * len(rows), [context] * len(rows), min(times[1:]))
         finally:
-            self.runner.free(slot)
+            for slot in slots:
+                self.runner.free(slot)
+
+    def cost_table(self, upto: int, context: int = 1000) -> Any:
+        """Estimated seconds of a one-sequence step over 1..upto rows at ``context`` cached positions
+        (index 0 unused), from the step cost model; None before anything was measured."""
+        steps = self.drafting.steps
+        return steps.table(upto, context) if steps.known() else None

@@ -123,8 +123,9 @@ def _measure_costs(loaded: Any, args: argparse.Namespace, context: int) -> np.nd
 
     prepare_models(loaded.model, packed_linear=args.packed_linear)
     engine = Engine(loaded.model, context_window=loaded.context_window, lean=args.lean_forward)
-    engine.warmup(COST_SIZES, context=min(context, loaded.context_window - COST_SIZES[-1] - 8))
-    return engine.cost.table(COST_SIZES[-1] + 2)
+    ctx = min(context, loaded.context_window - COST_SIZES[-1] - 8)
+    engine.warmup(COST_SIZES, batches=(1,), context=ctx)
+    return engine.cost_table(COST_SIZES[-1] + 2, ctx)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

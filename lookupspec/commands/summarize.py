@@ -151,8 +151,7 @@ def _finish(report: Any, client: Any, args: argparse.Namespace) -> None:
     cost_table = None
     if isinstance(client, LocalClient):
         engine = client.engine.engine
-        if engine.cost.known():
-            cost_table = engine.cost.table(engine.default_spec.max_draft_tokens + 1)
+        cost_table = engine.cost_table(engine.default_spec.max_draft_tokens + 1)
     print(report.text(cost_table), flush=True)
     if args.plot is not None and report.records:
         print(f"plot: {report.plot(args.plot)}", flush=True)

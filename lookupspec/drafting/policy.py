@@ -1,19 +1,32 @@
-"""The drafting policy: what each sequence drafts this step, chosen from measured costs.
+"""The drafting policy: what every sequence of a step drafts, chosen jointly from measured costs.
 
-:class:`DraftPolicy` owns the engine-wide adaptive state of :mod:`lookupspec.adaptive` (the cost of a
-target forward per input size, the cost of a draft-model token, the calibration of path scores
-against observed acceptance, the draft model's gate, exploration) and turns a sequence's lookup tree
-and draft model into one :class:`Draft` per step:
+:class:`DraftPolicy` owns the engine-wide adaptive state: the batch-aware step cost model
+(:class:`~lookupspec.step_cost.StepCostModel`), the cost of a draft-model token, the calibration of
+path scores against observed acceptance, the draft model's gate and exploration. Each step it turns
+every sequence's lookup tree (or draft-model chain) into one :class:`Draft`:
 
-- the prefix of the score-ordered lookup tree that maximizes expected tokens per second
-  (``BudgetPolicy.choose``; possibly none: plain decoding);
-- or a draft-model chain, when its expected rate beats the lookup tree's (or a periodic probe of a
-  closed gate is due);
-- or nothing.
+1. Each sequence proposes its candidates: the score-ordered nodes of its lookup tree, or a draft-model
+   chain when that promises a better rate for it (or a periodic probe of a closed gate is due).
+2. The batch keeps the draft nodes whose expected tokens pay for the time they add to the *whole*
+   step. A node of sequence ``i`` with calibrated path score ``s`` adds ``s`` expected tokens and
+   ``c_i = t_row + t_att * ctx_i`` seconds (its row through the model and its attention over its own
+   cache; plus the draft model's time for a chain node). Taking nodes in order of ``s / c_i`` (which
+   keeps every sequence's nodes in score order, so each sequence's kept nodes form a tree), the policy
+   keeps the prefix ``K`` that maximizes the batch's expected tokens per second::
 
-After verification, :meth:`DraftPolicy.observe` feeds the outcome back to the sequence's lookup
-session, the calibration and the gate. The policy sees sequences through :class:`DraftInputs` only,
-so the engine's state can change without touching it.
+       K* = argmax_K  (B + sum of the first K scores) / (T(no drafts) + sum of their costs)
+
+   One threshold for all sequences: a node is kept while its ``s / c_i`` beats the batch's current
+   rate. With one sequence this is the single-request rule (``k* = argmax (1 + sum s[:k]) / T(1 + k)``).
+   As the batch grows, its rate ``B / T`` grows (a step's weights are read once for all rows) while a
+   node's cost does not shrink, so trees shrink by themselves, down to plain decoding: there is no
+   batch-size switch.
+3. After verification, :meth:`DraftPolicy.observe` feeds each outcome back to the sequence's lookup
+   session, the calibration and the gate, and :meth:`DraftPolicy.observe_step` feeds the step's time
+   to the cost model.
+
+The policy sees sequences through :class:`DraftInputs` only, so the engine's state can change
+without touching it.
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ import torch
 from lookupspec.adaptive import BudgetPolicy, CostModel, DraftModelGate, Exploration, ScoreCalibration
 from lookupspec.params import SpecParams
 from lookupspec.sampling import SamplingParams
+from lookupspec.step_cost import StepCostModel
 
 from .base import DraftSession, ProposedTree
 from .draft_model import DraftModelDrafter
@@ -75,47 +89,131 @@ class DraftPolicy:
 
     def __init__(self, budget: BudgetPolicy | None = None) -> None:
         self.budget = budget or BudgetPolicy()
-        self.cost = CostModel()  # seconds of a target forward per input size
+        self.steps = StepCostModel()  # seconds of a step by shape (batch, rows, contexts)
         self.draft_cost = CostModel(max_tokens=1)  # seconds per draft-model token (size 1)
         self.gate = DraftModelGate()
         self.calibration = ScoreCalibration()  # lookup path scores -> observed acceptance
         self.exploration = Exploration()  # verify refused lookup trees now and then
+        self.kept_nodes = 0  # nodes the last choose_batch kept (all sequences)
 
-    def choose(self, seq: DraftInputs, max_nodes: int) -> Draft:
-        """The draft for this step: the best-paying prefix of the lookup tree, a draft-model chain,
-        or nothing. ``max_nodes``: most nodes the sequence may verify (its budget and its room)."""
+    def choose(self, seq: DraftInputs, max_nodes: int, context: int) -> Draft:
+        """The draft of a one-sequence step (``context``: positions in its cache)."""
+        return self.choose_batch([seq], [max_nodes], [context])[0]
+
+    def choose_batch(self, seqs: Sequence[DraftInputs], rooms: Sequence[int], contexts: Sequence[int],
+                     max_rows: int | None = None) -> list[Draft]:
+        """One draft per sequence. ``rooms[i]``: most nodes sequence i may verify (its budget and its
+        room in max_tokens and the window); ``contexts[i]``: positions in its cache; ``max_rows``:
+        most rows the step may have (None: no limit)."""
         t0 = time.perf_counter()
-        costs = self.cost.table(max_nodes + 2)
-        lookup_k, lookup_rate, tree = 0, 0.0, None
-        if seq.session is not None and max_nodes > 0:
-            tree = seq.session.propose(max_nodes, chain_only=not seq.spec.tree)
-            scores = self.calibration.apply(np.asarray(tree.score, dtype=np.float64))
-            known = self.cost.known() or not self.budget.adaptive
-            lookup_k = self.budget.choose(scores, costs) if known else min(len(scores), max_nodes)
-            lookup_k = self.exploration.adjust(lookup_k, len(scores))
-            if lookup_k and costs[lookup_k + 1] > 0:
-                lookup_rate = (1.0 + float(scores[:lookup_k].sum())) / costs[lookup_k + 1]
-        draft_s = time.perf_counter() - t0
+        b = len(seqs)
+        known = self.steps.known()
+        adaptive = self.budget.adaptive
+        trees: list[ProposedTree | None] = [None] * b
+        scores: list[np.ndarray] = [np.empty(0)] * b
+        for i, (seq, room) in enumerate(zip(seqs, rooms, strict=True)):
+            if seq.session is not None and room > 0:
+                tree = seq.session.propose(room, chain_only=not seq.spec.tree)
+                trees[i] = tree
+                scores[i] = self.calibration.apply(np.asarray(tree.score, dtype=np.float64))[:room]
+        costs = [self.steps.node_cost(c) for c in contexts] if known else [0.0] * b
+        base = self.steps.predict([1] * b, contexts) if known else 0.0
+        chains = [self._chain_length(seqs[i], rooms[i], scores[i], contexts[i], costs[i]) for i in range(b)]
+        per_token = self._dm_token_cost(base)
+        if known and adaptive:
+            lists = [np.asarray(self.gate.path_scores(k)) if k else scores[i] for i, k in enumerate(chains)]
+            node_costs = [costs[i] + (per_token if chains[i] else 0.0) for i in range(b)]
+            keep = self._allocate(lists, node_costs, base, b, max_rows)
+        else:  # no cost measured yet, or a fixed budget: verify what was proposed
+            keep = [k if k else len(scores[i]) for i, k in enumerate(chains)]
+            keep = self._cap_rows(keep, b, max_rows)
+        ks = [k if chains[i] else self.exploration.adjust(k, len(scores[i])) for i, k in enumerate(keep)]
+        ks = self._cap_rows(ks, b, max_rows)
+        draft_s = (time.perf_counter() - t0) / max(b, 1)
+        drafts = []
+        for i, k in enumerate(ks):
+            dm = seqs[i].draft_model
+            if dm is not None and not chains[i] and rooms[i] > 0:
+                self.gate.steps_since_use += 1  # the gate was asked and stayed closed
+            if chains[i] and k:
+                assert dm is not None
+                drafts.append(self._chain(dm, seqs[i], k, draft_s))
+                continue
+            proposed = None if chains[i] else trees[i]
+            if proposed is None or k == 0:
+                drafts.append(Draft(draft_s=draft_s, tree=proposed))
+                continue
+            sub = proposed.prefix(k)
+            drafts.append(Draft([int(t) for t in sub.tokens], [int(p) for p in sub.parents],
+                                [sub.source_names[int(s)] for s in sub.source], draft_s=draft_s, tree=sub))
+        self.kept_nodes = sum(len(d) for d in drafts)
+        return drafts
+
+    @staticmethod
+    def _allocate(lists: list[np.ndarray], costs: list[float], base: float, b: int,
+                  max_rows: int | None) -> list[int]:
+        """How many of each sequence's nodes to keep: the prefix, in order of score / cost, that
+        maximizes (b + kept scores) / (base + kept costs) (see the module docstring)."""
+        items = [(float(s) / c if c > 0 else float("inf"), float(s), c, i)
+                 for i, (sc, c) in enumerate(zip(lists, costs, strict=True)) for s in np.clip(sc, 0.0, 1.0)]
+        items.sort(key=lambda it: -it[0])  # stable: each sequence's nodes stay in score order
+        limit = len(items) if max_rows is None else max(0, min(len(items), max_rows - b))
+        gain, time_s = float(b), base
+        best_rate, best_k = (gain / time_s if time_s > 0 else 0.0), 0
+        for k, (_, s, c, _) in enumerate(items[:limit], 1):
+            gain += s
+            time_s += c
+            if time_s > 0 and gain / time_s > best_rate:
+                best_rate, best_k = gain / time_s, k
+        keep = [0] * len(lists)
+        for _, _, _, i in items[:best_k]:
+            keep[i] += 1
+        return keep
+
+    @staticmethod
+    def _cap_rows(keep: list[int], b: int, max_rows: int | None) -> list[int]:
+        """Trim the last sequences' nodes so that the step has at most ``max_rows`` rows."""
+        if max_rows is None:
+            return keep
+        room = max(0, max_rows - b)
+        out = []
+        for k in keep:
+            out.append(min(k, room))
+            room -= out[-1]
+        return out
+
+    def _dm_token_cost(self, base: float) -> float:
+        if self.draft_cost.known():
+            return float(self.draft_cost.table(1)[1])
+        return 0.5 * base  # unmeasured: assume a draft-model token costs half a step
+
+    def _chain_length(self, seq: DraftInputs, room: int, scores: np.ndarray, context: int,
+                      cost: float) -> int:
+        """The draft-model chain this sequence should draft instead of its lookup tree (0: none):
+        when the chain's expected rate for this sequence beats its lookup tree's, or the gate's probe
+        is due and the lookups offer nothing."""
         dm = seq.draft_model
-        if dm is not None and max_nodes > 0 and not self.budget.adaptive and lookup_k == 0:
-            return self._chain(dm, seq, min(max_nodes, self.gate.max_len), draft_s)
-        if dm is not None and max_nodes > 0 and self.cost.known():
-            dm_scores = self.gate.path_scores(min(max_nodes, self.gate.max_len))
-            per_token = self.draft_cost.table(1)[1] if self.draft_cost.known() else costs[1] * 0.5
-            k = self.budget.choose(dm_scores, costs, per_token)
-            rate = (1.0 + float(dm_scores[:k].sum())) / (costs[k + 1] + k * per_token) if k else 0.0
-            best_other = lookup_rate if lookup_k else (1.0 / costs[1] if costs[1] > 0 else 0.0)
-            if not (k and rate > best_other) and lookup_k == 0 and self.gate.probe_due():
-                k = min(self.gate.probe_len, max_nodes)  # explore: acceptance may have changed
-                rate = best_other + 1.0
-            if k and rate > best_other:
-                return self._chain(dm, seq, k, draft_s)
-            self.gate.steps_since_use += 1
-        if tree is None or lookup_k == 0:
-            return Draft(draft_s=draft_s, tree=tree)
-        sub = tree.prefix(lookup_k)
-        return Draft([int(t) for t in sub.tokens], [int(p) for p in sub.parents],
-                     [sub.source_names[int(s)] for s in sub.source], draft_s=draft_s, tree=sub)
+        if dm is None or room <= 0:
+            return 0
+        if not self.budget.adaptive:
+            return min(room, self.gate.max_len) if not len(scores) else 0
+        if not self.steps.known():
+            return 0
+        one = self.steps.predict([1], [context])
+        per_token = self._dm_token_cost(one)
+        dm_scores = self.gate.path_scores(min(room, self.gate.max_len))
+        table = one + cost * np.arange(len(dm_scores) + 2)
+        k = self.budget.choose(dm_scores, np.concatenate(([0.0], table)), per_token)
+        rate = (1.0 + float(dm_scores[:k].sum())) / (one + k * (cost + per_token)) if k else 0.0
+        lookup_table = np.concatenate(([0.0], one + cost * np.arange(len(scores) + 2)))
+        lookup_k = self.budget.choose(scores, lookup_table)
+        if lookup_k:
+            best_other = (1.0 + float(scores[:lookup_k].sum())) / (one + lookup_k * cost)
+        else:
+            best_other = 1.0 / one
+        if not (k and rate > best_other) and lookup_k == 0 and self.gate.probe_due():
+            return min(self.gate.probe_len, room)  # explore: acceptance may have changed
+        return k if k and rate > best_other else 0
 
     def _chain(self, dm: DraftModelDrafter, seq: DraftInputs, k: int, draft_s: float) -> Draft:
         chain = dm.propose(seq.context, k, seq.sampling, sample=not seq.sampling.greedy)
@@ -135,6 +233,6 @@ class DraftPolicy:
         if n and draft.from_draft_model:
             self.gate.observe(n, len(accepted))
 
-    def observe_step(self, rows: int, seconds: float) -> None:
-        """The measured time of a one-sequence step over ``rows`` input rows (root + draft nodes)."""
-        self.cost.observe(rows, seconds)
+    def observe_step(self, rows: Sequence[int], contexts: Sequence[int], seconds: float) -> None:
+        """The measured time of a step: rows[i] rows of sequence i over contexts[i] cached positions."""
+        self.steps.observe(rows, contexts, seconds)

@@ -1,0 +1,103 @@
+"""The batch-aware cost model and the draft budget chosen across the batch: the fit recovers a step's
+cost terms, the allocation is the single-request rule for one sequence, and trees shrink by
+themselves as the batch grows, down to plain decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lookupspec.adaptive import BudgetPolicy
+from lookupspec.drafting.policy import DraftPolicy
+from lookupspec.step_cost import StepCostModel
+
+# a CPU-like step: 24 ms of weights, 0.6 ms per sequence, 0.5 ms per row, KV reads and attention
+TRUE = np.array([0.024, 0.0006, 0.0005, 0.0015, 0.0012])
+
+
+def _true_cost(rows, ctxs):
+    r, c = np.asarray(rows, float), np.asarray(ctxs, float) / 1000
+    return float(TRUE @ [1, len(r), r.sum(), c.sum(), (r * c).sum()])
+
+
+def test_fit_recovers_the_terms_and_ignores_a_stalled_step() -> None:
+    rng = np.random.default_rng(0)
+    model = StepCostModel()
+    for _ in range(300):
+        b = int(rng.integers(1, 17))
+        rows = rng.integers(1, 17, b).tolist()
+        ctxs = rng.integers(100, 3000, b).tolist()
+        model.observe(rows, ctxs, _true_cost(rows, ctxs) * float(rng.normal(1.0, 0.01)))
+    got = np.array(list(model.coefficients.values()))
+    np.testing.assert_allclose(got, TRUE, rtol=0.1, atol=2e-4)
+    before = model.predict([1], [1000])
+    model.observe([1], [1000], 50 * before)  # another process stalled this step 50x
+    assert model.predict([1], [1000]) < 1.05 * before
+    assert model.node_cost(1000) == pytest.approx(TRUE[2] + TRUE[4], rel=0.1)
+    assert all(v >= 0 for v in model.coefficients.values())
+
+
+def test_coefficients_stay_non_negative_on_degenerate_data() -> None:
+    model = StepCostModel()
+    for n in (1, 1, 1, 1, 1, 1):  # one shape only: many solutions, none may be negative
+        model.observe([n], [500], 0.03)
+    assert model.known() and all(v >= 0 for v in model.coefficients.values())
+    assert model.predict([1], [500]) == pytest.approx(0.03, rel=0.05)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=24), st.floats(0.01, 0.1), st.floats(1e-4, 1e-2))
+def test_one_sequence_is_the_single_request_rule(raw, base, cost) -> None:
+    scores = np.sort(np.asarray(raw))[::-1]
+    keep = DraftPolicy._allocate([scores], [cost], base, 1, None)[0]
+    table = np.concatenate(([0.0], base + cost * np.arange(len(scores) + 2)))  # index = rows
+    rule = BudgetPolicy().choose(scores, table)
+    gain = lambda k: (1 + scores[:k].sum()) / (base + k * cost)  # noqa: E731
+    assert gain(keep) == pytest.approx(gain(rule), rel=1e-9)
+
+
+def _fitted(true: np.ndarray) -> StepCostModel:
+    model = StepCostModel()
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        b = int(rng.integers(1, 65))
+        rows = rng.integers(1, 9, b).tolist()
+        r, c = np.asarray(rows, float), np.ones(b)
+        model.observe(rows, [1000] * b, float(true @ [1, b, r.sum(), c.sum(), (r * c).sum()]))
+    return model
+
+
+def _kept_per_sequence(model: StepCostModel, batches) -> list[float]:
+    scores = np.array([0.9, 0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.08, 0.05, 0.03])
+    kept = []
+    for b in batches:
+        base = model.predict([1] * b, [1000] * b)
+        keep = DraftPolicy._allocate([scores] * b, [model.node_cost(1000)] * b, base, b, None)
+        kept.append(sum(keep) / b)
+    return kept
+
+
+def test_trees_shrink_as_the_batch_grows() -> None:
+    """CPU-like costs: a step's weights dominate at batch 1, so wide trees pay; as the batch grows the
+    batch's own rate rises and only the best nodes keep paying (each sequence's attention and KV
+    reads are a fixed share of a step that a good node still beats)."""
+    kept = _kept_per_sequence(_fitted(TRUE), (1, 2, 4, 8, 16, 32, 64, 256))
+    assert kept == sorted(kept, reverse=True)  # nodes per sequence never grow with the batch
+    assert kept[0] >= 5 and kept[-1] <= 2
+
+
+def test_a_compute_bound_batch_decodes_plainly() -> None:
+    """Costs where rows dominate (a GPU's large batches): the same rule goes down to plain decoding
+    by itself, with no batch-size switch."""
+    rows_dominate = np.array([0.008, 1e-6, 0.0004, 1e-6, 1e-6])
+    kept = _kept_per_sequence(_fitted(rows_dominate), (1, 4, 16, 64, 1024))
+    assert kept == sorted(kept, reverse=True)
+    assert kept[0] >= 5 and kept[-1] == 0
+
+
+def test_a_row_budget_caps_the_step() -> None:
+    scores = [np.array([0.9, 0.9, 0.9, 0.9])] * 4
+    keep = DraftPolicy._allocate(scores, [1e-4] * 4, 0.03, 4, max_rows=10)
+    assert sum(keep) + 4 <= 10
