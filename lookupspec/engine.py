@@ -129,7 +129,7 @@ class Engine:
             slot = self.runner.allocate(reserve)
         except PoolFull:  # else room for the prompt and a step; it grows later or ends with "length"
             slot = self.runner.allocate(min(len(ids) + max_draft + 2, self.context_window))
-        seq = SequenceState(ids, params, spec, sampling, slot, context=list(ids))
+        seq = SequenceState(ids, params, spec, sampling, slot, scope=scope, context=list(ids))
         if speculate:
             seq.session = self.lookup.session(seq.context, spec, scope)
             if self.draft_model is not None and "draft_model" in spec.sources:
@@ -143,7 +143,30 @@ class Engine:
         caller that abandons one (cancel, deadline) calls this."""
         if not seq.released:
             seq.released = True
+            seq.prefill_logits = None
             self.runner.free(seq.slot)
+
+    def rollback(self, seq: SequenceState) -> None:
+        """Drop whatever a failed forward wrote past the sequence's committed positions."""
+        if not seq.released and self.runner.length(seq.slot) > seq.cache_len:
+            self.runner.pool.truncate(seq.slot, seq.cache_len)
+
+    @torch.inference_mode()
+    def fork(self, parent: SequenceState, params: GenerationParams) -> tuple[SequenceState, StepOutput]:
+        """Another choice of ``parent``'s prompt (``n > 1``): a new sequence whose slot copies the
+        parent's prefilled prompt instead of running it again, and its first token from the prompt's
+        last row with its own sampling. Call it right after the parent's prefill finished."""
+        if parent.prefill_logits is None or not parent.prefill_done:
+            raise ValueError("fork() needs a parent whose prefill has just finished")
+        seq = self.start(parent.prompt, params, parent.spec, parent.scope)
+        try:
+            self.runner.pool.copy_prefix(parent.slot, seq.slot, len(parent.prompt))
+        except Exception:
+            self.release(seq)
+            raise
+        seq.prefilled = len(seq.prompt)
+        seq.stats.prefill_s = 0.0
+        return seq, self._first_token(seq, parent.prefill_logits)
 
     def _finish(self, seq: SequenceState, reason: str) -> None:
         seq.finish_reason = reason
@@ -169,6 +192,11 @@ class Engine:
         seq.prefilled = end
         if not seq.prefill_done:
             return None
+        seq.prefill_logits = logits
+        return self._first_token(seq, logits)
+
+    def _first_token(self, seq: SequenceState, logits: torch.Tensor) -> StepOutput:
+        """logits: [vocab], the prompt's last row."""
         L = len(seq.prompt)  # the first token lands at position L
         positions = torch.tensor([L], dtype=torch.int64, device=logits.device)
         token = int(select_tokens(logits[None, :], seq.sampling, positions).item())
@@ -195,6 +223,7 @@ class Engine:
         for s in seqs:
             if not s.running:
                 raise ValueError("step() takes sequences that are prefilled and not finished")
+            s.prefill_logits = None  # forks happen before a sequence's first step
         rooms = [max(0, min(s.params.max_tokens - s.generated - 1, self.context_window - s.cache_len - 2,
                             s.max_draft)) for s in seqs]
         chosen = self.drafting.choose_batch([s.draft_inputs() for s in seqs], rooms,

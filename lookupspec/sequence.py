@@ -15,10 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from lookupspec.drafting.base import DraftSession
 from lookupspec.drafting.draft_model import DraftModelDrafter
 from lookupspec.drafting.policy import DraftInputs
-from lookupspec.params import GenerationParams, SpecParams
+from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.sampling import SamplingParams
 from lookupspec.stats import RequestStats
 
@@ -70,6 +72,7 @@ class SequenceState:
     spec: SpecParams
     sampling: SamplingParams  # with a concrete seed when sampling
     slot: int  # its KV slot in the runner's pool
+    scope: LookupScope | None = None  # where it may draft from besides its own context
     session: DraftSession | None = None  # lookup drafting (None: speculation off, or no lookup source)
     draft_model: DraftModelDrafter | None = None
     context: list[int] = field(default_factory=list)  # prompt + every emitted token
@@ -77,6 +80,7 @@ class SequenceState:
     generated: int = 0  # tokens emitted
     finish_reason: str | None = None
     released: bool = False
+    prefill_logits: torch.Tensor | None = None  # [vocab] the prompt's last row, kept for forks
     stats: RequestStats = field(default_factory=RequestStats)
 
     @property

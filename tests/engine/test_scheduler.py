@@ -1,0 +1,186 @@
+"""The scheduler: requests run together in one loop and each gets exactly its batch-of-one tokens;
+n choices share a prefill; cancellation, deadlines, failures and shutdown end only their own request."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from scripted import ScriptedDrafting
+
+from lookupspec.adaptive import BudgetPolicy
+from lookupspec.engine import Engine
+from lookupspec.params import GenerationParams, SpecParams
+from lookupspec.runtime import pack_linears, packing_available
+from lookupspec.sampling import SamplingParams
+from lookupspec.scheduler import Cancelled, DeadlineExceeded, QueueFull, Scheduler
+
+
+class Collect:
+    """A sink that keeps every token; ``stop_after`` tokens make it stop the sequence."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.tokens: list[int] = []
+        self.reason: str | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.stop_after = stop_after
+
+    def deliver(self, out) -> bool:
+        self.tokens.extend(out.tokens)
+        if out.finish_reason is not None:
+            self.reason = out.finish_reason
+            self.done.set()
+            return True
+        if self.stop_after is not None and len(self.tokens) >= self.stop_after:
+            self.reason = "stopped"
+            self.done.set()
+            return False
+        return True
+
+    def fail(self, error) -> None:
+        self.error = error
+        self.done.set()
+
+
+def _requests(n=6):
+    gen = torch.Generator().manual_seed(5)
+    out = []
+    for i in range(n):
+        length = int(torch.randint(8, 70, (1,), generator=gen))
+        prompt = torch.randint(3, 512, (length,), generator=gen).tolist()
+        sampling = SamplingParams() if i % 2 == 0 else SamplingParams(temperature=0.8, seed=40 + i)
+        out.append((prompt, GenerationParams(max_tokens=16 + 3 * i, sampling=sampling, eos_token_ids=(2,))))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models):
+    from lookupspec.models import load_model
+
+    m = load_model(str(tiny_models["tiny-qwen2"])).model
+    if packing_available():
+        pack_linears(m)
+    return m
+
+
+def _engine(model, requests, **kw):
+    plain = Engine(model, lookup=ScriptedDrafting([], "none", 512))
+    off = SpecParams(enabled=False)
+    truth = {tuple(p): [t for s in plain.generate(p, params, spec=off) for t in s.tokens] for p, params in requests}
+    engine = Engine(model, lookup=ScriptedDrafting(truth, "tree", 512), policy=BudgetPolicy(adaptive=False), **kw)
+    return engine, truth
+
+
+def _drain(sched, sinks, limit=2000):
+    for _ in range(limit):
+        if all(s.done.is_set() for s in sinks):
+            return
+        sched.run_once()
+    raise AssertionError("the scheduler did not finish")
+
+
+def test_requests_run_together_and_each_gets_its_own_tokens(model) -> None:
+    requests = _requests()
+    engine, truth = _engine(model, requests, prefill_chunk=16)
+    sched = Scheduler(engine, max_batch=3, max_batch_tokens=64)
+    sinks = [Collect() for _ in requests]
+    for (prompt, params), sink in zip(requests, sinks, strict=True):
+        sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=6))
+    assert sched.waiting == len(requests)
+    _drain(sched, sinks)
+    assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
+    assert all(s.error is None for s in sinks)
+    st = sched.stats
+    assert st.steps < sum(len(s.tokens) for s in sinks)  # batched and speculative
+    assert max(st.by_batch) == 3  # never more than max_batch in a step
+    assert st.step_rows <= 64 * st.steps
+    assert engine.runner.pool.in_use() == 0
+
+
+def test_n_choices_share_one_prefill(model) -> None:
+    prompt, _ = _requests(1)[0]
+    engine, _ = _engine(model, [])
+    engine.prefill_chunk = 8
+    choices = [GenerationParams(max_tokens=12, sampling=SamplingParams(temperature=1.0, seed=7 + j))
+               for j in range(3)]
+    off = SpecParams(enabled=False)
+    alone = [[t for s in engine.generate(prompt, p, spec=off) for t in s.tokens] for p in choices]
+    sched = Scheduler(engine, max_batch=4)
+    sinks = [Collect() for _ in choices]
+    sched.submit(prompt, list(zip(choices, sinks, strict=True)), SpecParams(enabled=False))
+    _drain(sched, sinks)
+    assert [s.tokens for s in sinks] == alone
+    assert len({tuple(s.tokens) for s in sinks}) > 1  # the seeds differ
+    assert sched.stats.prefill_chunks == -(-len(prompt) // 8)  # the prompt was prefilled once
+
+
+def test_cancel_deadline_stop_and_failure_end_only_their_own_request(model) -> None:
+    requests = _requests(5)
+    engine, truth = _engine(model, requests)
+    sched = Scheduler(engine, max_batch=5)
+    sinks = [Collect(), Collect(), Collect(stop_after=3), Collect(), Collect()]
+    reqs = []
+    for i, ((prompt, params), sink) in enumerate(zip(requests, sinks, strict=True)):
+        deadline = time.perf_counter() - 1 if i == 1 else None  # already past
+        reqs.append(sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=4), deadline=deadline))
+
+    class Boom(Exception):
+        pass
+
+    broken = engine.lookup.session
+    def session(context, spec, scope):
+        s = broken(context, spec, scope)
+        if tuple(context) == tuple(requests[3][0]):
+            s.propose = lambda *a, **k: (_ for _ in ()).throw(Boom("drafting failed"))
+        return s
+    engine.lookup.session = session
+    sched.run_once()
+    reqs[0].cancel()
+    _drain(sched, sinks)
+    assert isinstance(sinks[0].error, Cancelled) and sinks[0].reason is None
+    assert isinstance(sinks[1].error, DeadlineExceeded) and sinks[1].tokens == []
+    assert sinks[2].reason == "stopped" and len(sinks[2].tokens) >= 3
+    assert isinstance(sinks[3].error, Boom)
+    assert sinks[4].tokens == truth[tuple(requests[4][0])] and sinks[4].error is None  # untouched
+    assert engine.runner.pool.in_use() == 0
+
+
+def test_threads_submit_concurrently_and_stop_cancels_the_rest(model) -> None:
+    requests = _requests(6)
+    engine, truth = _engine(model, requests)
+    sched = Scheduler(engine, max_batch=4, max_waiting=8)
+    sched.start()
+    sinks = [Collect() for _ in requests]
+    spec = SpecParams(max_draft_tokens=4)
+    threads = [threading.Thread(target=sched.submit, args=(p, [(params, sink)], spec))
+               for (p, params), sink in zip(requests, sinks, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in sinks:
+        assert s.done.wait(60)
+    assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
+    long = Collect()
+    sched.submit(requests[0][0], [(GenerationParams(max_tokens=2000, ignore_eos=True), long)])
+    while not long.tokens:
+        time.sleep(0.01)
+    sched.stop()
+    assert isinstance(long.error, Cancelled) and long.error.reason == "shutdown"
+    assert not sched.alive and engine.runner.pool.in_use() == 0
+    with pytest.raises(Cancelled):
+        sched.submit(requests[0][0], [(requests[0][1], Collect())])
+
+
+def test_queue_limit(model) -> None:
+    engine, _ = _engine(model, [])
+    sched = Scheduler(engine, max_batch=1, max_waiting=1)
+    prompt, params = _requests(1)[0]
+    sched.submit(prompt, [(params, Collect())])
+    with pytest.raises(QueueFull):
+        sched.submit(prompt, [(params, Collect())])
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        Scheduler(engine, max_batch=8, max_batch_tokens=4)
