@@ -69,8 +69,10 @@ def model(tiny_models):
 def _engine(model, requests, **kw):
     plain = Engine(model, lookup=ScriptedDrafting([], "none", 512))
     off = SpecParams(enabled=False)
-    truth = {tuple(p): [t for s in plain.generate(p, params, spec=off) for t in s.tokens] for p, params in requests}
-    engine = Engine(model, lookup=ScriptedDrafting(truth, "tree", 512), policy=BudgetPolicy(adaptive=False), **kw)
+    truth = {tuple(p): [t for s in plain.generate(p, params, spec=off) for t in s.tokens]
+             for p, params in requests}
+    engine = Engine(model, lookup=ScriptedDrafting(truth, "tree", 512), policy=BudgetPolicy(adaptive=False),
+                    **kw)
     return engine, truth
 
 
