@@ -138,6 +138,7 @@ def _connect(args: argparse.Namespace, log: Any) -> Any:
         log(f"gateway {client.base_url}, model {client.model}")  # fails fast when it is unreachable
         return client
     model = args.model or os.environ.get("LOOKUPSPEC_MODEL") or DEFAULT_MODEL
+    log(f"loading model {model} ...")  # seconds of silence otherwise (torch import, load, warm-up)
     # warmup seeds the cost model the drafting policy (and the speedup estimate) rely on
     return connect(model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
                    packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
