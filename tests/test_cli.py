@@ -121,3 +121,22 @@ def test_a_backslash_n_stop_string_gets_a_note_on_quoting():
     assert proc.returncode == 2
     assert "note: --stop '\\\\n\\\\n' is a backslash and an n, not a newline" in proc.stderr
     assert "$'\\n'" in proc.stderr
+
+
+def test_a_second_server_on_a_data_directory_in_use_names_the_holder_and_data_dir(tiny_models, tmp_path):
+    """The RAG example used to say `lookupspec serve &` next to a running `make serve`: the second
+    server must say which process (and port) holds the store, and how to use another directory."""
+    from gateway_harness import Gateway
+
+    first = Gateway(tiny_models["tiny-llama"], tmp_path / "first", name="first").start().wait_ready()
+    try:
+        second = _run("serve", "--model", str(tiny_models["tiny-llama"]), "--port", "0", "--data-dir",
+                      str(first.data_dir), "--log-level", "warning")
+    finally:
+        first.stop()
+    assert second.returncode == 2, second.stderr
+    assert first.proc is not None
+    assert f"is in use by process {first.proc.pid} (" in second.stderr
+    assert f"--port {first.port}" in second.stderr  # the holder's command line shows its port
+    assert "`lookupspec serve --data-dir DIR` (or LOOKUPSPEC_DATA_DIR)" in second.stderr
+    assert "Traceback" not in second.stderr
