@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def _run(*args, prefix=True, **kw):
     """`python -m lookupspec.cli ARGS`, or `python ARGS` with prefix=False."""
@@ -15,13 +17,16 @@ def _run(*args, prefix=True, **kw):
 def test_generate_streams_text_and_reports_finish_reason(tiny_models):
     from lookupspec.text import TextEngine
 
-    te = TextEngine.load(str(tiny_models["tiny-llama"]))
+    model = str(tiny_models["tiny-llama"])
+    te = TextEngine.load(model)
     expected = te.complete(messages=[{"role": "user", "content": "Summarize: json"}], max_tokens=12).text
-    proc = _run("generate", "--model", str(tiny_models["tiny-llama"]), "--chat", "--max-tokens", "12",
-                "Summarize: json")
+    proc = _run("-X", "importtime", "-m", "lookupspec.cli", "generate", "--model", model, "--chat",
+                "--max-tokens", "12", "Summarize: json", prefix=False)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == expected + "\n"
+    assert proc.stdout == expected + "\n"  # only the text: the progress lines go to stderr
     assert "[finish_reason:" in proc.stderr
+    # seconds of torch import and model loading are announced before they start
+    assert _said_before_torch(proc.stderr, f"loading model {model} ..."), proc.stderr[-3000:]
 
 
 def test_generate_with_missing_model_is_a_clear_error():
@@ -100,20 +105,15 @@ def _said_before_torch(stderr: str, message: str) -> bool:
     return said is not None and torch is not None and said < torch
 
 
-def test_generate_and_summarize_say_they_are_loading_the_model_first_on_stderr(tiny_models, tmp_path):
+def test_summarize_says_it_is_loading_the_model_first_on_stderr(tiny_models, tmp_path):
     model = str(tiny_models["tiny-llama"])
-    gen = _run("-X", "importtime", "-m", "lookupspec.cli", "generate", "--model", model,
-               "--max-tokens", "4", "hi", prefix=False)
-    assert gen.returncode == 0, gen.stderr
-    assert _said_before_torch(gen.stderr, f"loading model {model} ..."), gen.stderr[-3000:]
-    assert "loading" not in gen.stdout
     src = tmp_path / "in.jsonl"
     src.write_text('{"id": "a", "text": "The river near the bridge was built in 1800."}\n')
-    summ = _run("-X", "importtime", "-m", "lookupspec.cli", "summarize", str(src), "-o",
+    proc = _run("-X", "importtime", "-m", "lookupspec.cli", "summarize", str(src), "-o",
                 str(tmp_path / "out.jsonl"), "--model", model, "--max-tokens", "4", prefix=False)
-    assert summ.returncode == 0, summ.stderr
-    assert _said_before_torch(summ.stderr, f"loading model {model} ..."), summ.stderr[-3000:]
-    assert "loading" not in summ.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert _said_before_torch(proc.stderr, f"loading model {model} ..."), proc.stderr[-3000:]
+    assert "loading" not in proc.stdout  # stdout is the report
 
 
 def test_a_backslash_n_stop_string_gets_a_note_on_quoting():
@@ -123,20 +123,22 @@ def test_a_backslash_n_stop_string_gets_a_note_on_quoting():
     assert "$'\\n'" in proc.stderr
 
 
-def test_a_second_server_on_a_data_directory_in_use_names_the_holder_and_data_dir(tiny_models, tmp_path):
-    """The RAG example used to say `lookupspec serve &` next to a running `make serve`: the second
-    server must say which process (and port) holds the store, and how to use another directory."""
+def test_a_second_server_on_a_data_directory_in_use_is_told_who_holds_it_and_about_data_dir(tiny_models,
+                                                                                          tmp_path):
+    """The RAG example used to say `lookupspec serve &` next to a running `make serve`: the store's
+    error (which `serve` prints as `error: ...`) must say which process, on which port, holds the data
+    directory, and how to use another one."""
     from gateway_harness import Gateway
+    from lookupspec.gateway.store import EmbeddedConfig, EmbeddedLog, StoreLockedError
 
     first = Gateway(tiny_models["tiny-llama"], tmp_path / "first", name="first").start().wait_ready()
     try:
-        second = _run("serve", "--model", str(tiny_models["tiny-llama"]), "--port", "0", "--data-dir",
-                      str(first.data_dir), "--log-level", "warning")
+        with pytest.raises(StoreLockedError) as caught:
+            EmbeddedLog(EmbeddedConfig(first.data_dir))
     finally:
         first.stop()
-    assert second.returncode == 2, second.stderr
+    message = str(caught.value)
     assert first.proc is not None
-    assert f"is in use by process {first.proc.pid} (" in second.stderr
-    assert f"--port {first.port}" in second.stderr  # the holder's command line shows its port
-    assert "`lookupspec serve --data-dir DIR` (or LOOKUPSPEC_DATA_DIR)" in second.stderr
-    assert "Traceback" not in second.stderr
+    assert f"is in use by process {first.proc.pid} (" in message
+    assert f"serve --model {tiny_models['tiny-llama']} --port {first.port}" in message  # its command line
+    assert "`lookupspec serve --data-dir DIR` (or LOOKUPSPEC_DATA_DIR)" in message
