@@ -161,7 +161,7 @@ def _connect(args: argparse.Namespace, log: Any) -> Any:
         return client
     model = args.model or os.environ.get("LOOKUPSPEC_MODEL") or DEFAULT_MODEL
     log(f"loading model {model} ...")  # seconds of silence otherwise (torch import, load, warm-up)
-    # warmup seeds the cost model the drafting policy (and the speedup estimate) rely on
+    # warmup seeds the cost model the drafting policy relies on
     return connect(model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
                    packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
                    warmup=True, log=log)
