@@ -45,7 +45,7 @@ from redis_harness import free_port
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python", "py": "python"}
-_FENCE = re.compile(r"^ {0,3}```\s*([\w+-]*)\s*$")
+_FENCE = re.compile(r"^ {0,3}```\s*([\w+-]*)(?:\s.*)?$")  # ```bash, ```python title="x", a bare ```
 _MARKER = re.compile(r"^\s*<!--\s*readme-test:(.*?)-->\s*$")
 _SKIP = re.compile(r"^\s*skip\s*\((.*\S.*)\)\s*$")
 _SHELL_OPERATORS = {"&", "&&", "|", "||", ";", ">", ">>", "<", "<<", "2>", "(", ")"}
@@ -148,11 +148,12 @@ def test_parser_reads_markers_languages_and_mistakes() -> None:
             "```python\nprint(1)\n```\n"
             "```\nno language\n```\n"
             "<!-- readme-test: skip () -->\n```bash\nx\n```\n"
-            "<!-- readme-test: skip (a reason) -->\nsome text\n```text\nnot run\n```\n")
+            "<!-- readme-test: skip (a reason) -->\nsome text\n```text\nnot run\n```\n"
+            "```Python title=\"x.py\"\nprint(2)\n```\n")
     blocks, errors = parse_blocks(text)
     assert [(b.line, b.language, b.skip, b.runner) for b in blocks] == [
         (3, "bash", "needs Redis", "bash"), (6, "python", None, "python"), (9, "", None, None),
-        (13, "bash", None, "bash"), (18, "text", None, None)]
+        (13, "bash", None, "bash"), (18, "text", None, None), (21, "python", None, "python")]
     assert blocks[0].code == "echo skipped\n"
     assert errors == [
         "README.md:9: code block without a language: name it (bash/python run, unless marked skip; "
