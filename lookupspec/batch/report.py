@@ -71,7 +71,9 @@ class JobReport:
         timed = [r for r in self.records if r["timings"].get("decode_s") is not None]
         tokens = sum(max(int(r["usage"].get("completion_tokens", 0)) - 1, 0) for r in timed)
         decode_s = float(sum(r["timings"]["decode_s"] for r in timed))
-        return measure_speedup(self.plain_samples, tokens, decode_s)
+        steps = [(str(r["id"]), r["timings"]["decode_s"] / r["speculation"]["steps"]) for r in timed
+                 if (r.get("speculation") or {}).get("steps") and r["timings"]["decode_s"] > 0]
+        return measure_speedup(self.plain_samples, tokens, decode_s, steps)
 
     def text(self, output_records: Sequence[Mapping[str, Any]] = (), output_name: str = "the output") -> str:
         """The final report. ``output_records``: every record of the output file, for the line that

@@ -14,12 +14,23 @@ Example: the sample decoded 99 tokens in 3.96 s plain (40 ms per token); the who
 tokens in 16.5 s with speculation -> 990 * 0.040 / 16.5 = 2.40x. When the sample is the whole run
 (small jobs), this is the ratio of the same documents' plain and speculative decode times.
 
-Both sides are measured in the same run, so a machine that is slow throughout slows both alike. Two
-things it cannot correct: a plain step costs a little more at a longer context (documents much longer
-than the sample's make the figure slightly low), and load that changes while the job runs. The second
-shows in the sample itself: plain decoding does the same work every step, so its step times are
-nearly constant on a steady machine. When the spread between the 10th and 90th percentile step time
-exceeds ``SPREAD_LIMIT`` times the median, the figure is reported as unreliable, with the spread.
+Both sides are measured in the same run, so a machine that is slow throughout slows both alike. What
+it cannot correct: a plain step costs a little more at a longer context (documents much longer than
+the sample's make the figure slightly low), and load that changes while the job runs. The figure is
+reported as unreliable, with the evidence, when either shows:
+
+- within the sample: plain decoding does the same work every step, so on a steady machine its step
+  times stay near their median; a spread between the 10th and 90th percentile above ``SPREAD_LIMIT``
+  times the median means the load varied;
+- across the run: a speculative step does a plain step's work and more, but not many times more (a
+  draft tree of at most 33 tokens costs ~2.2x a one-token forward on a 2-core CPU, less on a GPU; a
+  draft model adds its chain's forwards). A document whose mean speculative step (``decode_s /
+  steps``) falls outside ``STEP_RATIO`` times the sample's median plain step was decoded under
+  another load than the sample (example: a load spike made one document's 5 steps take 1.15 s each,
+  against a 35 ms plain step).
+
+Over a gateway the decode times are per request; they add up to the job's decoding time because the
+gateway runs one generation at a time (``gateway/service.py``).
 """
 
 from __future__ import annotations
@@ -29,13 +40,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SPREAD_LIMIT", "PlainSample", "Speedup", "measure_speedup", "step_spread"]
+__all__ = ["SPREAD_LIMIT", "STEP_RATIO", "PlainSample", "Speedup", "measure_speedup", "step_spread"]
 
 # (p90 - p10) / median of the plain sample's step times above which the figure is called unreliable.
 # Plain decoding does the same work every step, so steady load keeps its step times near the median
 # (SmolLM2 on a 2-core machine under steady heavy load: 0.04); load that comes and goes on the same
 # cores spread them 0.9-7.7 there, in 64-96-step samples.
 SPREAD_LIMIT = 0.5
+# Bounds of (a document's mean speculative step) / (the sample's median plain step) on a steady machine.
+STEP_RATIO = (0.5, 6.0)
 
 
 @dataclass(frozen=True)
@@ -70,9 +83,11 @@ def step_spread(step_s: Sequence[float]) -> tuple[float, float, float] | None:
 
 
 def measure_speedup(samples: Sequence[PlainSample], decode_tokens: int, decode_s: float,
-                    spread_limit: float = SPREAD_LIMIT) -> Speedup | None:
+                    doc_steps: Sequence[tuple[str, float]] = (), spread_limit: float = SPREAD_LIMIT,
+                    step_ratio: tuple[float, float] = STEP_RATIO) -> Speedup | None:
     """The module docstring's figure. ``decode_tokens`` / ``decode_s``: sums over every document the
-    run decoded with speculation (the sampled ones included). None without a usable sample."""
+    run decoded with speculation (the sampled ones included); ``doc_steps``: (id, mean speculative
+    step in seconds) of those documents. None without a usable sample."""
     plain_tokens = sum(s.decode_tokens for s in samples)
     plain_s = sum(s.decode_s for s in samples)
     if plain_tokens <= 0 or plain_s <= 0 or decode_tokens <= 0 or decode_s <= 0:
@@ -84,10 +99,20 @@ def measure_speedup(samples: Sequence[PlainSample], decode_tokens: int, decode_s
            f"per token; this run's {decode_tokens} decode tokens took {decode_s:.2f} s with speculation, "
            f"{decode_tokens * per_token:.2f} s at the plain rate")
     spread = step_spread([t for s in samples for t in s.step_s])
-    unreliable = None
+    unreliable = []
     if spread is not None and spread[1] > 0 and (spread[2] - spread[0]) / spread[1] > spread_limit:
         p10, p50, p90 = (v * 1e3 for v in spread)
-        unreliable = (f"plain step times ranged {p10:.1f}-{p90:.1f} ms (10th-90th percentile, median "
-                      f"{p50:.1f} ms): the machine's load varied during the sample; measure on a quiet "
-                      "machine")
-    return Speedup(decode_tokens * per_token / decode_s, how, unreliable)
+        unreliable.append(f"plain step times ranged {p10:.1f}-{p90:.1f} ms (10th-90th percentile, median "
+                          f"{p50:.1f} ms)")
+    plain_step = spread[1] if spread is not None else per_token
+    low, high = step_ratio
+    odd = [(doc_id, step / plain_step) for doc_id, step in doc_steps
+           if plain_step > 0 and not low <= step / plain_step <= high]
+    if odd:
+        worst = max(odd, key=lambda o: max(o[1], 1 / o[1]) if o[1] > 0 else float("inf"))
+        unreliable.append(f"{len(odd)} of {len(doc_steps)} documents' speculative steps took outside "
+                          f"{low:g}-{high:g}x a plain step ({worst[0]!r}: {worst[1]:.1f}x)")
+    why = None
+    if unreliable:
+        why = "; ".join(unreliable) + ": the machine's load varied; measure on a quiet machine"
+    return Speedup(decode_tokens * per_token / decode_s, how, why)
