@@ -5,8 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 
 def _run(*args, prefix=True, **kw):
     """`python -m lookupspec.cli ARGS`, or `python ARGS` with prefix=False."""
@@ -121,24 +119,3 @@ def test_a_backslash_n_stop_string_gets_a_note_on_quoting():
     assert proc.returncode == 2
     assert "note: --stop '\\\\n\\\\n' is a backslash and an n, not a newline" in proc.stderr
     assert "$'\\n'" in proc.stderr
-
-
-def test_a_second_server_on_a_data_directory_in_use_is_told_who_holds_it_and_about_data_dir(tiny_models,
-                                                                                          tmp_path):
-    """The RAG example used to say `lookupspec serve &` next to a running `make serve`: the store's
-    error (which `serve` prints as `error: ...`) must say which process, on which port, holds the data
-    directory, and how to use another one."""
-    from gateway_harness import Gateway
-    from lookupspec.gateway.store import EmbeddedConfig, EmbeddedLog, StoreLockedError
-
-    first = Gateway(tiny_models["tiny-llama"], tmp_path / "first", name="first").start().wait_ready()
-    try:
-        with pytest.raises(StoreLockedError) as caught:
-            EmbeddedLog(EmbeddedConfig(first.data_dir))
-    finally:
-        first.stop()
-    message = str(caught.value)
-    assert first.proc is not None
-    assert f"is in use by process {first.proc.pid} (" in message
-    assert f"serve --model {tiny_models['tiny-llama']} --port {first.port}" in message  # its command line
-    assert "`lookupspec serve --data-dir DIR` (or LOOKUPSPEC_DATA_DIR)" in message
