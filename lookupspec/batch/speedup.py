@@ -24,10 +24,10 @@ reported as unreliable, with the evidence, when either shows:
   times the median means the load varied;
 - across the run: a speculative step does a plain step's work and more, but not many times more (a
   draft tree of at most 33 tokens costs ~2.2x a one-token forward on a 2-core CPU; a draft model adds
-  its chain's forwards, and the engine switches one off when it does not pay). A document whose mean speculative step (``decode_s /
-  steps``) falls outside ``STEP_RATIO`` times the sample's median plain step was decoded under
-  another load than the sample (example: a load spike made one document's 5 steps take 1.15 s each,
-  against a 35 ms plain step).
+  its chain's forwards, and the engine switches one off when it does not pay). A document whose mean
+  speculative step (``decode_s / steps``) falls outside ``STEP_RATIO`` times the sample's median
+  plain step was decoded under another load than the sample (example: a load spike made one
+  document's 5 steps take 1.15 s each, against a 35 ms plain step).
 
 Over a gateway the decode times are per request; they add up to the job's decoding time because the
 gateway runs one generation at a time (``gateway/service.py``).
