@@ -290,6 +290,44 @@ def _run_block(block: Block, code: str, workdir: Path, state: Path, env: dict[st
                           timeout=600)
 
 
+def run_blocks(blocks: list[Block], workdir: Path, env: dict[str, str], scratch: Path,
+               port: int | None = None) -> list[str]:
+    """Run ``blocks`` in order as one terminal session in ``workdir`` (``127.0.0.1:8000`` becomes
+    ``port``); fail naming the first block that fails. Returns one timing line per block."""
+    state = scratch / "terminal"
+    timings = []
+    for block in blocks:
+        t0 = time.monotonic()
+        code = block.code if port is None else _with_port(block.code, port)
+        proc = _run_block(block, code, workdir, state, env, scratch)
+        timings.append(f"{block}: {time.monotonic() - t0:.1f} s")
+        print(f"==== {block}, exit {proc.returncode}, {time.monotonic() - t0:.1f} s\n"
+              f"{proc.stdout[-1500:]}\n---- stderr\n{proc.stderr[-1500:]}")  # shown with -s
+        if proc.returncode != 0:
+            output = (proc.stdout + proc.stderr)[-4000:]
+            pytest.fail(f"{block} failed (exit {proc.returncode}); the README must run as written "
+                        f"(or mark the block <!-- readme-test: skip (REASON) -->):\n{block.code}\n"
+                        f"--- its output (end) ---\n{output}", pytrace=False)
+    return timings
+
+
+def test_blocks_run_as_one_terminal_session_and_a_failure_names_its_line(tmp_path: Path) -> None:
+    text = ("```bash\nexport GREETING=hello\nmkdir -p sub && cd sub\n```\n"
+            "```python\nimport os\nprint(os.environ['GREETING'], os.path.basename(os.getcwd()))\n```\n"
+            "```bash\ntest \"$GREETING\" = hello\nfalse\necho never\n```\n")
+    blocks, errors = parse_blocks(text)
+    assert not errors
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_blocks(blocks, tmp_path, env, tmp_path)
+    message = str(failed.value)
+    assert message.startswith("README.md:9 (```bash block) failed (exit 1)")
+    assert "never" not in message.split("--- its output (end) ---")[1]
+    out = subprocess.run(["bash", "-c", f'source "{tmp_path}/terminal.env"; echo "$GREETING"; '
+                          f'cat "{tmp_path}/terminal.cwd"'], capture_output=True, text=True).stdout
+    assert out.split() == ["hello", str(tmp_path / "sub")]  # what the first block left for the others
+
+
 @pytest.mark.real_model
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
@@ -304,18 +342,6 @@ def test_readme_blocks_run_as_written(real_model_dir: Path, tmp_path: Path) -> N
             (workdir / name).symlink_to(ROOT / name)
     (workdir / ".venv").symlink_to(venv)
     env = _terminal_env(venv, tmp_path / "data")
-    state = tmp_path / "terminal"
-    timings = []
     with _server(venv, env, workdir, tmp_path / "serve.log") as port:
-        for block in blocks:
-            t0 = time.monotonic()
-            proc = _run_block(block, _with_port(block.code, port), workdir, state, env, tmp_path)
-            timings.append(f"{block}: {time.monotonic() - t0:.1f} s")
-            print(f"==== {block}, exit {proc.returncode}, {time.monotonic() - t0:.1f} s\n"
-                  f"{proc.stdout[-1500:]}\n---- stderr\n{proc.stderr[-1500:]}")  # shown with -s
-            if proc.returncode != 0:
-                output = (proc.stdout + proc.stderr)[-4000:]
-                pytest.fail(f"{block} failed (exit {proc.returncode}); the README must run as written "
-                            f"(or mark the block <!-- readme-test: skip (REASON) -->):\n{block.code}\n"
-                            f"--- its output (end) ---\n{output}", pytrace=False)
+        timings = run_blocks(blocks, workdir, env, tmp_path, port)
     print("\n".join(timings))
