@@ -1,27 +1,67 @@
 # Set-up and everyday commands. `make serve` and `make test` each do all set-up on a fresh machine:
-# create .venv, install (torch pinned to the 2.13.0 CPU wheel first, so nothing pulls CUDA packages),
-# pull the default model, then run.
+# create .venv, install torch first (the CPU build unless told otherwise, see below, so nothing pulls
+# CUDA packages), then lookupspec, pull the default model, then run.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
-TORCH  := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install install-test serve test test-fast lint bench pull clean
+# torch. TORCH is the requirement; TORCH_INDEX the wheel index it comes from. The default index is
+# PyTorch's CPU one: from PyPI, `pip install torch==2.13.0` gets the CUDA build and several GB of
+# NVIDIA packages. The index is probed first (one request, TORCH_PROBE_TIMEOUT seconds, no retries);
+# when it does not answer, or TORCH_INDEX is empty, torch comes from pip's own configured sources
+# (PyPI, or a local wheelhouse pip.conf names). `make torch-source` prints the choice. Examples:
+#   make TORCH_INDEX=https://download.pytorch.org/whl/cu128 install   # a CUDA build on a GPU machine
+#   make TORCH=torch==2.13.0+cu128 TORCH_INDEX=https://download.pytorch.org/whl/cu128 install
+#   make TORCH_INDEX= install                                         # pip's configured sources only
+# They apply when torch is installed: `make clean` first to change the build of an existing .venv.
+TORCH               ?= torch==2.13.0
+TORCH_INDEX         ?= https://download.pytorch.org/whl/cpu
+TORCH_PROBE_TIMEOUT ?= 5
+
+# Shell code that sets $$index to TORCH_INDEX when it answers, else to "" with the reason in $$why.
+define TORCH_CHOOSE
+index='$(strip $(TORCH_INDEX))'; why="TORCH_INDEX is empty"; \
+if [ -n "$$index" ]; then \
+	if why=$$($(PYTHON) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=float(sys.argv[2]))' "$$index" '$(TORCH_PROBE_TIMEOUT)' 2>&1); then \
+		why=""; \
+	else \
+		why="$$index not reachable: $$(printf '%s\n' "$$why" | tail -n 1)"; index=""; \
+	fi; \
+fi
+endef
+
+.PHONY: install install-test torch-source serve test test-fast lint bench pull clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# Where torch would come from, without installing anything.
+torch-source:
+	@$(TORCH_CHOOSE); \
+	if [ -n "$$index" ]; then echo "$(TORCH) from $$index"; \
+	else echo "$(TORCH) from pip's configured sources ($$why)"; fi
+
+# torch before anything that depends on it, so pip never picks a build of its own.
+$(VENV)/.torch: | $(BIN)/python
+	@$(TORCH_CHOOSE); \
+	if [ -n "$$index" ]; then \
+		echo "installing $(TORCH) from $$index"; \
+		$(BIN)/pip install --quiet --index-url "$$index" '$(TORCH)'; \
+	else \
+		echo "installing $(TORCH) from pip's configured sources ($$why)"; \
+		$(BIN)/pip install --quiet '$(TORCH)'; \
+	fi
+	touch $@
+
 # Stamps re-run the install whenever pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet $(TORCH)
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet $(TORCH)
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.torch
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $(VENV)/.installed $@
 

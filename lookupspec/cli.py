@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from lookupspec import __version__
+
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # name -> (module, one-line help). The module's docstring first paragraph is the long description.
@@ -38,6 +40,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="lookupspec",
         description="Speculative decoding with lookup drafts: exact target-model output, faster.",
     )
+    parser.add_argument("--version", action="version", version=f"lookupspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         if command == name:

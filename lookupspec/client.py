@@ -130,6 +130,7 @@ class Result:
     speculation: dict[str, Any]
     seconds: float  # request start to the last token
     first_token_s: float | None  # request start to the first non-empty text
+    text_times: list[float] = field(default_factory=list, repr=False)  # request start to each text
 
     @property
     def tokens_per_second(self) -> float:
@@ -182,12 +183,14 @@ class _Collector:
         self.start = time.perf_counter()
         self.parts: list[str] = []
         self.first: float | None = None
+        self.times: list[float] = []
         self.last: Delta | None = None
 
     def add(self, delta: Delta) -> None:
         if delta.text:
+            self.times.append(time.perf_counter() - self.start)
             if self.first is None:
-                self.first = time.perf_counter() - self.start
+                self.first = self.times[0]
             self.parts.append(delta.text)
         if delta.finish_reason is not None:
             self.last = delta
@@ -195,7 +198,7 @@ class _Collector:
     def result(self) -> Result:
         last = self.last or Delta("", "length")
         return Result("".join(self.parts), last.finish_reason or "length", dict(last.usage or {}),
-                      dict(last.speculation or {}), time.perf_counter() - self.start, self.first)
+                      dict(last.speculation or {}), time.perf_counter() - self.start, self.first, self.times)
 
 
 # ---- in-process ---------------------------------------------------------------------------------

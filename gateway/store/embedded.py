@@ -100,6 +100,21 @@ def read_frame(buf: mmap.mmap | bytes, pos: int) -> tuple[Record, int]:
     return decode_record(buf[pos + _FRAME.size : end]), end
 
 
+def _lock_holder(lock_path: Path) -> str:
+    """Who holds the lock, for the error message: the pid its holder wrote into the lock file, and
+    that process's command line where /proc shows it (``make serve`` names its port there)."""
+    try:
+        pid = int(lock_path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return "another process"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"process {pid}"
+    command = " ".join(a.decode(errors="replace") for a in argv if a)
+    return f"process {pid} ({command})" if command else f"process {pid}"
+
+
 class EmbeddedLog:
     """See the module docstring. Thread-safe appends; one process per data directory."""
 
@@ -113,8 +128,10 @@ class EmbeddedLog:
         except OSError as exc:
             os.close(self._lock_fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise StoreLockedError(f"{config.log_path} is in use by another process "
-                                       f"(lock {config.lock_path})") from None
+                raise StoreLockedError(
+                    f"{config.log_path} is in use by {_lock_holder(config.lock_path)} (lock "
+                    f"{config.lock_path}); one process per data directory: start another server with "
+                    "its own, `lookupspec serve --data-dir DIR` (or LOOKUPSPEC_DATA_DIR)") from None
             raise
         os.ftruncate(self._lock_fd, 0)
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())

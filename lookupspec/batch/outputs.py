@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OutputFile", "Recovery"]
+__all__ = ["OutputFile", "Recovery", "read_records"]
 
 
 @dataclass
@@ -70,6 +70,24 @@ class OutputFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete result line of an output file, in file order (unreadable lines and a torn last
+    line are left out; a missing file has none)."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in data.split(b"\n")[:-1]:  # the part after the last newline is not a complete line
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("id"), str):
+            out.append(obj)
+    return out
 
 
 def _scan(data: bytes) -> Recovery:

@@ -1,29 +1,30 @@
 """Aggregation of a batch job's results: running figures for the progress bar, the final text report,
 and an optional PNG (per-document tokens/s and acceptance length).
 
-Everything is computed from the records the job writes (see ``lookupspec.batch.summarize``), so the
-report says exactly what the output file holds for this run. Speedup figures are estimates; the
-formulas are in :mod:`lookupspec.batch.speedup`.
+The report's figures come from the records this run wrote (see ``lookupspec.batch.summarize``) and,
+for the speedup over plain decoding, from the plain-decoding sample the run took
+(:mod:`lookupspec.batch.speedup`). When the output file already held results of earlier runs, one
+more line totals the whole file, and the plot covers the whole file: a rerun that finds nothing left
+to do still reports on, and plots, what the output holds.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lookupspec.batch.inputs import BadInput
-from lookupspec.batch.speedup import Estimate, acceptance_estimate, fit_step_costs, measured_estimate
+from lookupspec.batch.speedup import PlainSample, Speedup, measure_speedup
 
 __all__ = ["JobReport"]
 
 
 class JobReport:
-    """Totals over the documents finished in this run. ``cost_table``: [n + 1] seconds of a target
-    forward over n tokens (index 0 unused), the engine's cost model in-process, None over a gateway."""
+    """Totals over the documents finished in this run, and its plain-decoding sample."""
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
@@ -32,6 +33,7 @@ class JobReport:
         self.bad_inputs: list[BadInput] = []
         self.skipped_done = 0  # documents already in the output file
         self.interrupted: str | None = None  # the signal's name when the run was cut short
+        self.plain_samples: list[PlainSample] = []  # documents decoded again without speculation
 
     def start(self) -> None:
         """Start the clock (when the first request goes out: model loading is not the job's time)."""
@@ -64,40 +66,18 @@ class JobReport:
 
     # ---- final report -------------------------------------------------------------------------
 
-    def estimates(self, cost_table: np.ndarray | None) -> list[Estimate]:
-        """Speedup estimates vs plain decoding: measured (needs the cost model), then from the AL."""
-        steps = self._sum("speculation", "steps")
-        if not self.records or steps <= 0:
-            return []
-        mean_draft = self._sum("speculation", "draft_tokens") / steps
+    def speedup(self) -> Speedup | None:
+        """The speedup over plain decoding (:mod:`lookupspec.batch.speedup`); None without a sample."""
         timed = [r for r in self.records if r["timings"].get("decode_s") is not None]
-        out: list[Estimate] = []
-        if cost_table is not None and cost_table.shape[0] > 1 and cost_table[1] > 0:
-            tokens = sum(max(r["usage"].get("completion_tokens", 0) - 1, 0) for r in timed)
-            decode_s = sum(r["timings"]["decode_s"] for r in timed)
-            measured = measured_estimate(tokens, decode_s, float(cost_table[1]))
-            if measured is not None:
-                out.append(measured)
-            sizes = np.arange(1, cost_table.shape[0])
-            step_d = float(np.interp(1 + mean_draft, sizes, cost_table[1:]))
-            est = acceptance_estimate(self.acceptance_length, mean_draft, float(cost_table[1]), step_d,
-                                      "engine cost model")
-        else:
-            pts = [(r["timings"]["decode_s"] / r["speculation"]["steps"],
-                    r["speculation"]["draft_tokens"] / r["speculation"]["steps"])
-                   for r in timed if r["speculation"].get("steps")]
-            fit = fit_step_costs([p[0] for p in pts], [p[1] for p in pts]) if pts else None
-            if fit is None:
-                est = acceptance_estimate(self.acceptance_length, mean_draft, None, None, "")
-            else:
-                a, b = fit
-                est = acceptance_estimate(self.acceptance_length, mean_draft, a, a + b * mean_draft,
-                                          f"fitted over {len(pts)} documents' step times")
-        if est is not None:
-            out.append(est)
-        return out
+        tokens = sum(max(int(r["usage"].get("completion_tokens", 0)) - 1, 0) for r in timed)
+        decode_s = float(sum(r["timings"]["decode_s"] for r in timed))
+        steps = [(str(r["id"]), r["timings"]["decode_s"] / r["speculation"]["steps"]) for r in timed
+                 if (r.get("speculation") or {}).get("steps") and r["timings"]["decode_s"] > 0]
+        return measure_speedup(self.plain_samples, tokens, decode_s, steps)
 
-    def text(self, cost_table: np.ndarray | None = None) -> str:
+    def text(self, output_records: Sequence[Mapping[str, Any]] = (), output_name: str = "the output") -> str:
+        """The final report. ``output_records``: every record of the output file, for the line that
+        totals the whole file when it held earlier results (``skipped_done``)."""
         n = len(self.records)
         t = self.elapsed()
         lines = [f"documents: {n} summarized in {t:.1f} s ({n / t if t > 0 else 0:.3f}/s); "
@@ -114,40 +94,57 @@ class JobReport:
             lines.append(f"tokens: {prompt} prompt, {comp} completion; {comp / t if t > 0 else 0:.1f} "
                          f"completion tokens/s overall, {comp / gen_s if gen_s > 0 else 0:.1f} per request"
                          + (f", {comp / decode_s:.1f} while decoding" if decode_s > 0 else ""))
-            lines.append(self._speculation_line())
-            for est in self.estimates(cost_table):
-                label = "upper bound" if est.upper_bound else "estimate"
-                lines.append(f"speedup vs plain decoding ({label}): {est.speedup:.2f}x  [{est.how}]")
+            lines.append(self._speculation_line(self.records))
+            lines.append(self._speedup_line())
+        if self.skipped_done and output_records:
+            comp = int(sum((r.get("usage") or {}).get("completion_tokens") or 0 for r in output_records))
+            lines.append(f"output: {len(output_records)} documents in {output_name}, {comp} completion "
+                         f"tokens; " + self._speculation_line(output_records))
         for doc_id, error in self.failures[:10]:
             lines.append(f"failed: {doc_id}: {error}")
         if len(self.failures) > 10:
             lines.append(f"failed: ... and {len(self.failures) - 10} more")
         return "\n".join(lines)
 
-    def _speculation_line(self) -> str:
-        steps = int(self._sum("speculation", "steps"))
-        draft = int(self._sum("speculation", "draft_tokens"))
-        accepted = int(self._sum("speculation", "accepted_tokens"))
+    @staticmethod
+    def _speculation_line(records: Sequence[Mapping[str, Any]]) -> str:
+        def total(key: str) -> int:
+            return int(sum((r.get("speculation") or {}).get(key) or 0 for r in records))
+
+        steps, draft, accepted = total("steps"), total("draft_tokens"), total("accepted_tokens")
         by_source: dict[str, int] = {}
-        for r in self.records:
-            for k, v in (r["speculation"].get("accepted_tokens_by_source") or {}).items():
+        for r in records:
+            for k, v in ((r.get("speculation") or {}).get("accepted_tokens_by_source") or {}).items():
                 by_source[k] = by_source.get(k, 0) + int(v)
-        total = sum(by_source.values())
-        shares = ", ".join(f"{k} {v / total:.1%}" for k, v in sorted(by_source.items())) if total else "none"
+        n = sum(by_source.values())
+        shares = ", ".join(f"{k} {v / n:.1%}" for k, v in sorted(by_source.items())) if n else "none"
         rate = f" ({accepted / draft:.1%})" if draft else ""
-        return (f"speculation: {steps} steps, acceptance length {self.acceptance_length:.2f}; "
+        al = (accepted + steps) / steps if steps else 0.0
+        return (f"speculation: {steps} steps, acceptance length {al:.2f}; "
                 f"draft tokens {draft}, accepted {accepted}{rate}; accepted by source: {shares}")
 
-    def plot(self, path: str | Path) -> Path:
-        """Per-document tokens/s and acceptance length, in finishing order (matplotlib, Agg)."""
+    def _speedup_line(self) -> str:
+        figure = self.speedup()
+        if figure is None:
+            return ("speedup vs plain decoding: not measured (no document of this run was decoded again "
+                    "without speculation)")
+        if figure.unreliable:
+            return (f"speedup vs plain decoding: {figure.speedup:.2f}x, UNRELIABLE: {figure.unreliable} "
+                    f"[{figure.how}]")
+        return f"speedup vs plain decoding: {figure.speedup:.2f}x [measured: {figure.how}]"
+
+    def plot(self, path: str | Path, records: Sequence[Mapping[str, Any]] | None = None) -> Path:
+        """Per-document tokens/s and acceptance length of ``records`` (default: this run's), in their
+        order (matplotlib, Agg)."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        ids = [str(r["id"]) for r in self.records]
-        tps = [float(r["timings"].get("tokens_per_second") or 0.0) for r in self.records]
-        al = [float(r["speculation"].get("acceptance_length") or 0.0) for r in self.records]
+        records = self.records if records is None else records
+        ids = [str(r.get("id")) for r in records]
+        tps = [float((r.get("timings") or {}).get("tokens_per_second") or 0.0) for r in records]
+        al = [float((r.get("speculation") or {}).get("acceptance_length") or 0.0) for r in records]
         x = np.arange(len(ids))
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(6.0, min(0.35 * len(ids), 24.0)), 6.5),
                                           sharex=True)
@@ -161,7 +158,7 @@ class JobReport:
             bottom.set_xticks(x, [i if len(i) <= 24 else i[:21] + "..." for i in ids], rotation=60,
                               ha="right", fontsize=7)
         else:
-            bottom.set_xlabel("document (finishing order)")
+            bottom.set_xlabel("document (output order)")
         fig.tight_layout()
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)

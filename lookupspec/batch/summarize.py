@@ -11,12 +11,18 @@ thread only, in finishing order. Each record::
      "timings": {"total_s", "first_token_s", "decode_s", "tokens_per_second"}}
 
 ``decode_s`` runs from the first text to the last token (``total_s - first_token_s``). A document that
-fails is reported and left out of the file, so a rerun tries it again. Errors that would fail every
+fails is reported and left out of the file, so a rerun tries it again.
+
+The first ``plain_sample`` documents run one at a time, each decoded a second time right after with
+speculation off (nothing written for it): the report measures the speedup over plain decoding against
+that sample (:mod:`lookupspec.batch.speedup`). The remaining documents follow, in the pool over a
+gateway. Errors that would fail every
 document (gateway unreachable, unknown model or collection, bad API key) stop the job: :class:`FatalError`.
 """
 
 from __future__ import annotations
 
+import itertools
 import queue
 import sys
 import threading
@@ -30,9 +36,10 @@ from lookupspec.batch.interrupts import Interrupts
 from lookupspec.batch.outputs import OutputFile
 from lookupspec.batch.prompt import DEFAULT_TEMPLATE, PromptTemplate
 from lookupspec.batch.report import JobReport
+from lookupspec.batch.speedup import PlainSample
 from lookupspec.client import Client, ClientError, GenerationRequest, LocalClient, Lookup, Result
 
-__all__ = ["FatalError", "JobConfig", "plan", "run_job", "summarize_one"]
+__all__ = ["FatalError", "JobConfig", "plain_sample", "plan", "run_job", "summarize_one"]
 
 _FATAL_STATUS = (0, 401, 403, 404)  # unreachable, unauthorised, unknown model or collection
 _RETRY_STATUS = (0, 429, 503)  # queue full, draining, connection refused: worth a few more tries
@@ -51,12 +58,15 @@ class JobConfig:
     strict: bool = False
     limit: int | None = None
     retries: int = 3
+    plain_sample: int = 1  # documents decoded again without speculation, to measure the speedup
     progress: bool = False
     log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr), compare=False)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.concurrency < 1 or (self.limit is not None and self.limit < 0):
             raise ValueError("max_tokens and concurrency must be >= 1, limit >= 0")
+        if self.plain_sample < 0:
+            raise ValueError("plain_sample must be >= 0")
 
 
 def plan(items: Iterable[Document | BadInput], done: set[str], config: JobConfig,
@@ -77,20 +87,40 @@ def plan(items: Iterable[Document | BadInput], done: set[str], config: JobConfig
     return pending if config.limit is None else pending[:config.limit]
 
 
-def summarize_one(client: Client, doc: Document, config: JobConfig) -> dict[str, Any]:
-    """One document's record (see the module docstring); retries transient gateway errors."""
-    lookup = Lookup(collections=(config.collection,) if config.collection else ())
-    request = GenerationRequest(messages=config.template.messages(doc.text), max_tokens=config.max_tokens,
-                                lookup=lookup)
+def _request(doc: Document, config: JobConfig, *, speculation: bool = True) -> GenerationRequest:
+    lookup = Lookup(collections=(config.collection,) if config.collection else ()) if speculation \
+        else Lookup(enabled=False)
+    return GenerationRequest(messages=config.template.messages(doc.text), max_tokens=config.max_tokens,
+                             lookup=lookup)
+
+
+def _complete(client: Client, request: GenerationRequest, config: JobConfig) -> Result:
+    """``client.complete``, retrying transient gateway errors."""
     for attempt in range(config.retries + 1):
         try:
-            result = client.complete(request)
-            break
+            return client.complete(request)
         except ClientError as exc:
             if exc.status not in _RETRY_STATUS or attempt == config.retries:
                 raise
             time.sleep(0.5 * 2**attempt)
-    return _record(doc, result, client.model)
+    raise AssertionError("unreachable")
+
+
+def summarize_one(client: Client, doc: Document, config: JobConfig) -> dict[str, Any]:
+    """One document's record (see the module docstring); retries transient gateway errors."""
+    return _record(doc, _complete(client, _request(doc, config), config), client.model)
+
+
+def plain_sample(client: Client, doc: Document, config: JobConfig) -> PlainSample | None:
+    """Decode ``doc`` again with speculation off and time it; None when it produced no decode tokens.
+    Greedy decoding gives the same tokens as the speculative run, so the times compare the same work."""
+    result = _complete(client, _request(doc, config, speculation=False), config)
+    times = result.text_times
+    if result.first_token_s is None or len(times) < 2:
+        return None
+    return PlainSample(doc.id, max(int(result.usage.get("completion_tokens", 0)) - 1, 0),
+                       max(result.seconds - result.first_token_s, 0.0),
+                       tuple(b - a for a, b in itertools.pairwise(times)))
 
 
 def _record(doc: Document, result: Result, model: str) -> dict[str, Any]:
@@ -133,17 +163,35 @@ def run_job(client: Client, docs: list[Document], out: OutputFile, config: JobCo
             bar.update(1)
             bar.set_postfix(report.postfix(), refresh=False)
 
+        def one(doc: Document) -> bool:
+            """Summarize ``doc`` in this thread; whether it succeeded."""
+            try:
+                record = summarize_one(client, doc, config)
+            except Exception as exc:  # one document's failure is reported, not the job's end
+                finish(doc, None, exc)
+                return False
+            finish(doc, record, None)
+            return True
+
         report.start()
-        if isinstance(client, LocalClient) or config.concurrency == 1:
-            for doc in docs:
+        sampled = docs[:config.plain_sample]
+        for doc in sampled:
+            if one(doc):
                 try:
-                    record = summarize_one(client, doc, config)
-                except Exception as exc:  # one document's failure is reported, not the job's end
-                    finish(doc, None, exc)
+                    sample = plain_sample(client, doc, config)
+                except Exception as exc:  # the summary is written; only the speedup figure lacks it
+                    if _is_fatal(exc):
+                        raise FatalError(str(exc)) from exc
+                    bar.write(f"plain-decoding sample of {doc.id} failed: {exc}", file=sys.stderr)
                 else:
-                    finish(doc, record, None)
-        else:
-            _run_pool(client, docs, config, finish)
+                    if sample is not None:
+                        report.plain_samples.append(sample)
+        rest = docs[len(sampled):]
+        if isinstance(client, LocalClient) or config.concurrency == 1:
+            for doc in rest:
+                one(doc)
+        elif rest:
+            _run_pool(client, rest, config, finish)
 
 
 def _run_pool(client: Client, docs: list[Document], config: JobConfig,

@@ -13,7 +13,6 @@ import time
 
 from lookupspec.commands.common import add_model_arguments, positive_int
 from lookupspec.models import ModelLoadError
-from lookupspec.params import SpecParams
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely (0 = off)")
     parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--stop", action="append", default=[],
+                        help="stop string (repeatable); in bash, $'\\n\\n' is a blank line ('\\n' is a "
+                             "backslash and an n)")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     parser.add_argument("--draft-model", default=None,
                         help="draft model sharing the target's tokenizer, or self:layers=K / self:int8")
@@ -34,9 +35,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    for stop in args.stop:
+        if "\\n" in stop and "\n" not in stop:
+            print(f"note: --stop {stop!r} is a backslash and an n, not a newline; in bash write "
+                  "$'\\n' for a newline", file=sys.stderr)
+    # Importing torch and loading the model take seconds: say so first, on stderr (stdout is the text).
+    print(f"loading model {args.model} ...", file=sys.stderr, flush=True)
+    from lookupspec.params import SpecParams
     from lookupspec.text import TextEngine
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
         spec = SpecParams(enabled=not args.no_spec, max_draft_tokens=args.max_draft_tokens)
         te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,

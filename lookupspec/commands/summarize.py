@@ -6,8 +6,10 @@ Resumable: a rerun skips the ids already in the output, and a run cut short (Ctr
 leaves a valid output file (a torn last line is cut off on the next start). A bad input line is
 reported with its line number and skipped (--strict aborts instead). Runs the model in this process,
 or sends requests to a `lookupspec serve` gateway with --gateway (--concurrency requests in flight).
-Prints a report at the end: totals, acceptance length and an estimate of the speedup over plain
-decoding (see lookupspec.batch.speedup for the formulas).
+Prints a report at the end: totals, acceptance length and the speedup over plain decoding, measured
+against the first --plain-sample documents decoded again without speculation in the same run (see
+lookupspec.batch.speedup). --plot needs matplotlib, checked before the job starts; the chart covers
+every document in the output file, so a rerun with nothing left to do still writes it.
 
 --collection NAME drafts from that document collection as well. Over a gateway it must exist there.
 In-process collections live only as long as the job, so the job first indexes the input documents
@@ -54,8 +56,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="requests in flight with --gateway (in-process requests run one at a time)")
     a("--strict", action="store_true", help="abort on the first bad input entry instead of skipping it")
     a("--limit", type=non_negative_int, default=None, help="summarize at most this many documents this run")
+    a("--plain-sample", type=non_negative_int, default=1, metavar="N",
+      help="decode the first N documents a second time without speculation, to measure the speedup "
+           "over plain decoding in this run (0: no speedup figure)")
     a("--plot", type=Path, default=None, metavar="OUT.png",
-      help="write a chart of per-document tokens/s and acceptance length")
+      help="write a chart of per-document tokens/s and acceptance length (needs matplotlib)")
     a("--progress", action=argparse.BooleanOptionalAction, default=None,
       help="progress bar on standard error (unset: when it is a terminal)")
 
@@ -63,6 +68,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _error(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return _EXIT_ERROR
+
+
+def _missing_optional_dependencies(args: argparse.Namespace) -> str | None:
+    """What the requested options need that is not installed, with the install hint; checked before
+    the job starts, so a long job does not fail at its end."""
+    if args.plot is None:
+        return None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return ("--plot needs matplotlib, which is not installed: pip install matplotlib (make "
+                "install-test includes it), or run without --plot")
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr)
 
+    missing = _missing_optional_dependencies(args)
+    if missing:
+        return _error(missing)
     try:
         template = DEFAULT_TEMPLATE
         if args.prompt_template is not None:
@@ -86,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         return _error(f"--prompt-template: {exc}")
     config = JobConfig(max_tokens=args.max_tokens, template=template, collection=args.collection,
                        concurrency=args.concurrency if args.gateway else 1, strict=args.strict,
-                       limit=args.limit, log=log,
+                       limit=args.limit, plain_sample=args.plain_sample, log=log,
                        progress=sys.stderr.isatty() if args.progress is None else args.progress)
     report = JobReport()
     try:
@@ -122,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
                 except (FatalError, ClientError, ModelLoadError) as exc:
                     status = _error(str(exc))
     # outside Interrupts: a second Ctrl-C while the report prints ends the process the usual way
-    _finish(report, client, args)
+    finish_status = _finish(report, client, args)
+    status = status or finish_status
     if status:
         return status
     return _EXIT_FAILURES if report.failures or report.bad_inputs else 0
@@ -138,22 +160,31 @@ def _connect(args: argparse.Namespace, log: Any) -> Any:
         log(f"gateway {client.base_url}, model {client.model}")  # fails fast when it is unreachable
         return client
     model = args.model or os.environ.get("LOOKUPSPEC_MODEL") or DEFAULT_MODEL
-    # warmup seeds the cost model the drafting policy (and the speedup estimate) rely on
+    log(f"loading model {model} ...")  # seconds of silence otherwise (torch import, load, warm-up)
+    # warmup seeds the cost model the drafting policy relies on
     return connect(model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
                    packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
                    warmup=True, log=log)
 
 
-def _finish(report: Any, client: Any, args: argparse.Namespace) -> None:
-    """Print the report (standard output), write the plot, close the client."""
-    from lookupspec.client import LocalClient
+def _finish(report: Any, client: Any, args: argparse.Namespace) -> int:
+    """Print the report (standard output), write the plot, close the client. Returns an exit status
+    (0, or 2 when the plot could not be written)."""
+    from lookupspec.batch.outputs import read_records
 
-    cost_table = None
-    if isinstance(client, LocalClient):
-        engine = client.engine.engine
-        cost_table = engine.cost_table(engine.default_spec.max_draft_tokens + 1)
-    print(report.text(cost_table), flush=True)
-    if args.plot is not None and report.records:
-        print(f"plot: {report.plot(args.plot)}", flush=True)
-    if client is not None:
-        client.close()
+    status = 0
+    try:
+        # the whole output file: the plot and the report's "output:" line cover earlier runs too
+        records = read_records(args.output) if args.plot is not None or report.skipped_done else []
+        print(report.text(records, str(args.output)), flush=True)
+        if args.plot is not None:
+            if records:
+                print(f"plot: {report.plot(args.plot, records)}", flush=True)
+            else:
+                print(f"plot: not written, {args.output} holds no summaries yet", flush=True)
+    except OSError as exc:
+        status = _error(f"cannot write the plot (the summaries are in {args.output}; rerun to retry): {exc}")
+    finally:
+        if client is not None:
+            client.close()
+    return status

@@ -76,3 +76,19 @@ def test_rag_example_end_to_end_against_a_gateway(tiny_gateway, tmp_path: Path) 
     detail = httpx.get(f"{tiny_gateway.url}/v1/collections/rag-test", timeout=10).json()
     assert detail["document_count"] == 2
     assert sorted(d["id"] for d in detail["documents"]) == ["keys.md#0", "ships.txt#0"]
+
+
+def test_a_second_server_on_the_gateways_data_directory_is_told_who_holds_it_and_about_data_dir(
+        tiny_gateway) -> None:
+    """The README's RAG block used to start `lookupspec serve &` next to a running `make serve`: the
+    store's error, which `serve` prints as `error: ...`, must say which process, on which port, holds
+    the data directory, and how to use another one."""
+    from lookupspec.gateway.store import EmbeddedConfig, EmbeddedLog, StoreLockedError
+
+    with pytest.raises(StoreLockedError) as caught:
+        EmbeddedLog(EmbeddedConfig(tiny_gateway.data_dir))
+    message = str(caught.value)
+    assert tiny_gateway.proc is not None
+    assert f"is in use by process {tiny_gateway.proc.pid} (" in message
+    assert f"serve --model {tiny_gateway.model} --port {tiny_gateway.port}" in message  # its command line
+    assert "`lookupspec serve --data-dir DIR` (or LOOKUPSPEC_DATA_DIR)" in message
