@@ -43,7 +43,10 @@ class GatewayConfig:
     """model_name: the id clients send as ``model`` (``/v1/models`` lists it).
     api_keys: key -> namespace; empty means no authentication and one ``default_namespace``.
     admin_key: the key that may see the operations detail (``auth``); None: any valid API key.
-    max_queue: requests that may wait while one generates; one more gets 429.
+    max_queue: requests that may wait for a slot while ``max_batch`` sequences run; one more gets 429.
+    max_batch: sequences generating at once (a request with ``n`` choices takes ``n``).
+    max_batch_tokens: rows one step may have, prefill chunk included (None: no cap beyond the draft
+    budget the drafting policy chooses).
     request_timeout_s: deadline of one generation request, queueing included.
     drain_timeout_s: on SIGTERM, how long in-flight requests may take before they are cancelled.
     max_model_len: caps the context window below the model's (None: the model's own).
@@ -55,6 +58,8 @@ class GatewayConfig:
     default_namespace: str = DEFAULT_NAMESPACE
     admin_key: str | None = None
     max_queue: int = 64
+    max_batch: int = 16
+    max_batch_tokens: int | None = None
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
     max_model_len: int | None = None
@@ -75,6 +80,11 @@ class GatewayConfig:
             raise ValueError(f"namespace {self.default_namespace!r} must match {NAME_PATTERN}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < self.max_batch:
+            raise ValueError(f"max_batch_tokens ({self.max_batch_tokens}) must be >= max_batch "
+                             f"({self.max_batch})")
         if not self.request_timeout_s > 0 or not self.drain_timeout_s >= 0:
             raise ValueError("request_timeout_s must be > 0 and drain_timeout_s >= 0")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -97,6 +97,7 @@ class Ticket:
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.cancel_reason = "disconnect"
+        self._on_cancel: list[Callable[[str], object]] = []
 
     def emit(self, event: Event) -> None:
         """Called from the worker thread."""
@@ -107,6 +108,14 @@ class Ticket:
         if not self.cancelled.is_set():
             self.cancel_reason = reason
             self.cancelled.set()
+            for hook in self._on_cancel:
+                hook(reason)
+
+    def on_cancel(self, hook: Callable[[str], object]) -> None:
+        """Call ``hook(reason)`` when the ticket is cancelled (at once if it already was)."""
+        self._on_cancel.append(hook)
+        if self.cancelled.is_set():
+            hook(self.cancel_reason)
 
     async def events(self) -> AsyncIterator[Event]:
         """Events until the terminal one (see the module docstring)."""

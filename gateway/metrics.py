@@ -39,8 +39,14 @@ class _Snapshot(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot()
-        yield _gauge("queue_depth", "requests waiting for the generation worker", s["queue_depth"])
-        yield _gauge("num_requests_running", "requests generating now (0 or 1)", s["running"])
+        yield _gauge("queue_depth", "requests waiting for a slot", s["queue_depth"])
+        yield _gauge("num_requests_waiting", "requests waiting for a slot (as queue_depth)",
+                     s["queue_depth"])
+        yield _gauge("num_requests_running", "sequences holding a slot (prefilling or decoding)",
+                     s["running"])
+        sched = s.get("scheduler")
+        if sched is not None:
+            yield from _scheduler_metrics(sched)
         yield _gauge("engine_healthy", "1 while the generation worker is alive and working", s["engine_ok"])
         yield _gauge("draining", "1 after SIGTERM: new requests are refused", s["draining"])
         store = s["store"]
@@ -75,6 +81,34 @@ class _Snapshot(Collector):
         tok.add_metric(["corpus"], float(idx["corpus_tokens"]))
         tok.add_metric(["output"], float(idx["output_tokens"]))
         yield tok
+
+
+def _scheduler_metrics(st: Any) -> Iterator[Metric]:
+    """The scheduler's counters (``lookupspec.scheduler.SchedulerStats``): what its steps and prefills
+    did, and draft nodes per sequence against the batch size."""
+    yield _counter("scheduler_steps", "decode/verify steps (one forward over every running sequence)",
+                   st.steps)
+    yield _counter("scheduler_step_rows", "rows of all steps (root + draft nodes of every sequence)",
+                   st.step_rows)
+    yield _counter("scheduler_step_sequences", "sequences of all steps", st.step_seqs)
+    yield _counter("decode_seconds", "time spent in decode/verify steps", st.decode_s)
+    yield _counter("decode_tokens", "tokens emitted by decode/verify steps", st.decode_tokens)
+    yield _counter("prefill_seconds", "time spent prefilling prompt chunks", st.prefill_s)
+    yield _counter("prefill_tokens", "prompt tokens prefilled", st.prefill_tokens)
+    yield _gauge("decode_tokens_per_second", "decode throughput: decode_tokens / decode_seconds",
+                 st.decode_tokens / st.decode_s if st.decode_s > 0 else 0.0)
+    steps = CounterMetricFamily(_P + "batch_steps", "steps, by batch size", labels=["batch_size"])
+    seqs = CounterMetricFamily(_P + "batch_sequences", "sequences in those steps, by batch size",
+                               labels=["batch_size"])
+    nodes = CounterMetricFamily(_P + "batch_draft_nodes", "draft nodes verified in those steps, by batch "
+                                "size (divide by batch_sequences: nodes per sequence)", labels=["batch_size"])
+    for size, (n_steps, n_seqs, n_nodes) in sorted(dict(st.by_batch).items()):
+        steps.add_metric([str(size)], float(n_steps))
+        seqs.add_metric([str(size)], float(n_seqs))
+        nodes.add_metric([str(size)], float(n_nodes))
+    yield steps
+    yield seqs
+    yield nodes
 
 
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:

@@ -1,42 +1,45 @@
-"""The generation service: one worker thread runs the engine; requests wait in a bounded queue.
+"""The generation service: the engine runs in one scheduler loop that serves every request together.
 
-On a CPU one generation at a time is fastest (the model already uses every core), so the service has
-exactly one worker thread. ``submit`` admits a job when fewer than ``max_queue`` jobs wait, else it
-raises a 429 ``APIError`` with ``Retry-After`` (the expected wait). The event loop never runs model
-work: the worker streams events back to it through the job's ``Ticket`` (``call_soon_threadsafe``).
+``submit`` turns a validated job into scheduler requests (one per distinct prompt; its ``n`` choices
+fork one prefill) and returns the job's ``Ticket``. The scheduler (:mod:`lookupspec.scheduler`) batches
+every running sequence into one target forward per step, prefills long prompts in chunks between
+steps, and hands each choice's steps to a :class:`_ChoiceSink` on its thread: the sink detokenizes
+(stop strings included), observes latencies, and emits events to the request's event loop
+(``call_soon_threadsafe``). The event loop never runs model work.
 
-Every job ends in one terminal event (``jobs``). Cancelling a ticket (client disconnect) stops the
-generation at the next step; so does the job's deadline. Shutdown (``lifecycle``): ``begin_drain``
-refuses new jobs; ``cut_off`` ends the waiting and running ones with a 503 ``shutting_down`` (the
-worker keeps running, so every ticket gets its terminal event); ``close`` also stops the worker.
-When a choice ends (finished, cancelled or failed), its output tokens are appended to the namespace's
-output log through the store, on a separate writer thread so fsync or a Redis round trip never delays
-the next request.
+Admission counts the requests waiting beyond the slots: a job is refused with 429 and ``Retry-After``
+when ``max_queue`` requests already wait for a slot (``max_batch`` sequences run at once).
+
+Every job ends in one terminal event (``jobs``). Cancelling a ticket (client disconnect) cancels its
+scheduler requests, which end at the next iteration with their slots freed; a deadline does the same
+for its own request only; a request that fails ends alone and the batch goes on. Shutdown
+(``lifecycle``): ``begin_drain`` refuses new jobs; ``cut_off`` ends the waiting and running ones with a
+503 ``shutting_down`` (the loop keeps running, so every ticket gets its terminal event); ``close`` also
+stops the loop. When a choice ends (finished, cancelled or failed), its output tokens are appended to
+the namespace's output log through the store, on a separate writer thread so fsync or a Redis round
+trip never delays the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import math
 import threading
 import time
-from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from lookupspec.params import GenerationParams, LookupScope, SpecParams
+from lookupspec.scheduler import Cancelled, DeadlineExceeded, Request, Scheduler
+from lookupspec.sequence import StepOutput
 from lookupspec.stats import AggregateStats, RequestStats
-from lookupspec.text import TextChunk
 
 from .config import GatewayConfig
 from .errors import APIError
 from .indexes import IndexRegistry
-from .jobs import ChoiceFinished, GenerationJob, JobDone, JobFailed, TextDelta, Ticket
+from .jobs import ChoiceFinished, ChoicePlan, GenerationJob, JobDone, JobFailed, TextDelta, Ticket
 from .metrics import GatewayMetrics
 from .store import BufferFullError, Store, StoreError
 
@@ -58,10 +61,79 @@ def _cancelled(ticket: Ticket) -> APIError:
     return APIError(499, "the client went away", code="cancelled")
 
 
-@dataclass
-class _Queued:
-    ticket: Ticket
-    enqueued: float
+class _Job:
+    """A job's progress across its choices (touched on the scheduler's thread only)."""
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+        self.open = len(ticket.job.choices)
+        self.requests: list[Request] = []
+        self.failed = False
+        self.first_token_at: float | None = None
+
+
+class _ChoiceSink:
+    """One choice's steps, on the scheduler's thread: text, latencies, events, the output log."""
+
+    def __init__(self, service: GatewayService, job: _Job, choice: ChoicePlan) -> None:
+        self.service = service
+        self.job = job
+        self.choice = choice
+        self.follow = service.text_engine.follower(job.ticket.job.stop)
+        self.tokens: list[int] = []
+        self.last_token_at: float | None = None
+
+    def deliver(self, out: StepOutput) -> bool:
+        service, job = self.service, self.job
+        chunk = self.follow.feed(out)
+        now = time.perf_counter()
+        if chunk.token_ids:
+            if job.first_token_at is None:
+                job.first_token_at = now
+                service.metrics.ttft.observe(now - job.ticket.job.arrived)
+                admitted = job.requests[0].admitted if job.requests else None
+                if admitted is not None:
+                    service.metrics.queue_time.observe(max(0.0, admitted - job.requests[0].submitted))
+            if self.last_token_at is not None:
+                gap = (now - self.last_token_at) / len(chunk.token_ids)
+                for _ in chunk.token_ids:
+                    service.metrics.itl.observe(gap)
+            self.last_token_at = now
+        self.tokens.extend(chunk.token_ids)
+        if chunk.text and not job.failed:
+            job.ticket.emit(TextDelta(self.choice.index, chunk.text))
+        if chunk.finish_reason is None:
+            return True
+        self._finished(chunk.finish_reason, chunk.stats or RequestStats())
+        return False  # a stop string ends the sequence here; a finished one is already released
+
+    def _finished(self, reason: str, stats: RequestStats) -> None:
+        service, job = self.service, self.job
+        service._append_output(job.ticket.job.namespace, self.tokens)
+        service._engine_failures = 0
+        service.metrics.observe_stats(stats, len(self.choice.prompt_ids), len(self.tokens))
+        service.aggregate.add(stats)
+        if job.failed:
+            return
+        prompt_len = len(self.choice.prompt_ids)
+        job.ticket.emit(ChoiceFinished(self.choice.index, reason, prompt_len, len(self.tokens), stats))
+        job.open -= 1
+        if job.open == 0:
+            seconds = time.perf_counter() - job.ticket.job.arrived
+            service.metrics.e2e.observe(seconds)
+            service._job_seconds = 0.8 * service._job_seconds + 0.2 * seconds
+            job.ticket.emit(JobDone())
+
+    def fail(self, error: BaseException) -> None:
+        service, job = self.service, self.job
+        service._append_output(job.ticket.job.namespace, self.tokens)
+        if job.failed:
+            return
+        job.failed = True
+        api_error = service._error_of(error, job.ticket)
+        job.ticket.emit(JobFailed(api_error))
+        for req in job.requests:  # the job is over: its other choices stop too
+            req.cancel("failed")
 
 
 class GatewayService:
@@ -79,12 +151,10 @@ class GatewayService:
         self.context_window = min(window, config.max_model_len) if config.max_model_len else window
         self.aggregate = AggregateStats()
         self.started_at = time.time()
-        self._cond = threading.Condition()
-        self._queue: collections.deque[_Queued] = collections.deque()
-        self._running: Ticket | None = None
-        self._stopping = False
+        self.scheduler = Scheduler(self.engine, max_batch=config.max_batch,
+                                   max_batch_tokens=config.max_batch_tokens)
+        self._lock = threading.Lock()
         self._draining = False
-        self._worker: threading.Thread | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="output-append")
         self._job_seconds = 1.0  # moving average of one job's run time, for Retry-After
         self._engine_failures = 0
@@ -92,14 +162,11 @@ class GatewayService:
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        with self._cond:
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="generation-worker", daemon=True)
-                self._worker.start()
+        self.scheduler.start()
 
     @property
     def worker_alive(self) -> bool:
-        return self._worker is not None and self._worker.is_alive()
+        return self.scheduler.alive
 
     @property
     def draining(self) -> bool:
@@ -110,156 +177,75 @@ class GatewayService:
         self._draining = True
 
     def cut_off(self) -> None:
-        """The drain timeout passed: fail the jobs still waiting, and stop the running one at its next
-        step, both with 503 ``shutting_down``. New jobs stay refused; the worker keeps running."""
-        with self._cond:
-            self._draining = True
-            waiting = list(self._queue)
-            self._queue.clear()
-            running = self._running
-        for q in waiting:
-            self.metrics.aborted.labels(reason="shutdown").inc()
-            q.ticket.emit(JobFailed(_shutting_down()))
-        if running is not None:
-            running.cancel("shutdown")
+        """The drain timeout passed: end the jobs still waiting or running with 503
+        ``shutting_down`` at the scheduler's next iteration. New jobs stay refused; the loop keeps
+        running, so every ticket gets its terminal event."""
+        self._draining = True
+        self.metrics.aborted.labels(reason="shutdown").inc(self.scheduler.waiting + self.scheduler.running)
+        self.scheduler.cancel_all("shutdown")
 
     def close(self, timeout: float = 10.0) -> None:
-        """Cut off what waits or runs, stop the worker, flush output appends."""
+        """Cut off what waits or runs, stop the loop, flush output appends."""
         self.cut_off()
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._worker is not None:
-            self._worker.join(timeout)
+        deadline = time.perf_counter() + min(timeout, 2.0)
+        while (self.scheduler.waiting or self.scheduler.running) and time.perf_counter() < deadline:
+            time.sleep(0.01)  # let the loop end them with their 503 before it stops
+        self.scheduler.stop(timeout)
         self._writer.shutdown(wait=True)
 
     # ---- admission --------------------------------------------------------------------------
 
     def submit(self, job: GenerationJob, loop: asyncio.AbstractEventLoop) -> Ticket:
-        """Queue ``job``; raise 429 when the queue is full, 503 while draining or when the engine is
-        unusable."""
+        """Queue ``job``; raise 429 when too many requests wait for a slot, 503 while draining or when
+        the engine is unusable."""
         ticket = Ticket(job, loop, deadline_error=self.deadline_error, worker_alive=lambda: self.worker_alive)
-        with self._cond:
+        prompts: dict[tuple[int, ...], list[ChoicePlan]] = {}
+        for choice in job.choices:
+            prompts.setdefault(choice.prompt_ids, []).append(choice)
+        with self._lock:
             if self._draining:
                 self.metrics.rejected.labels(reason="draining").inc()
                 raise _shutting_down()
             if not self.worker_alive:
                 self.metrics.rejected.labels(reason="engine_unavailable").inc()
                 raise APIError(503, "the generation worker is not running", code="engine_unavailable")
-            # Capacity is one running job plus max_queue waiting ones. Count a job the worker has
-            # not picked up yet as the running one when the worker is idle: otherwise admission
-            # would depend on how fast the worker thread wakes up (a race under load).
-            waiting = len(self._queue) - (0 if self._running is not None else 1)
-            if waiting >= self.config.max_queue:
+            sched = self.scheduler
+            free = max(0, sched.max_batch - sched.running)
+            beyond = max(0, sched.waiting + len(prompts) - free)  # requests that would wait for a slot
+            if beyond > self.config.max_queue:
                 self.metrics.rejected.labels(reason="queue_full").inc()
-                retry = max(1, math.ceil(self._job_seconds * (len(self._queue) + 1)))
-                raise APIError(429, f"the server is busy ({len(self._queue)} requests waiting); "
+                retry = max(1, math.ceil(self._job_seconds * beyond / sched.max_batch))
+                raise APIError(429, f"the server is busy ({sched.waiting} requests waiting for a slot); "
                                f"retry after {retry} s", code="queue_full",
                                headers={"Retry-After": str(retry)})
-            self._queue.append(_Queued(ticket, time.perf_counter()))
-            self._cond.notify()
+            state = _Job(ticket)
+            for ids, choices in prompts.items():
+                sinks = [(c.params, _ChoiceSink(self, state, c)) for c in choices]
+                state.requests.append(sched.submit(ids, sinks, job.spec, job.scope, deadline=job.deadline))
+        def cancel(reason: str) -> None:
+            for req in state.requests:
+                req.cancel(reason)
+
+        ticket.on_cancel(cancel)
         return ticket
 
     def deadline_error(self) -> APIError:
         return APIError(504, f"the request did not finish within its deadline of "
                              f"{self.config.request_timeout_s:g} s", code="request_timeout")
 
-    # ---- the worker -------------------------------------------------------------------------
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                item = self._queue.popleft()
-                self._running = item.ticket
-            started = time.perf_counter()
-            try:
-                self._run(item.ticket, started - item.enqueued)
-            except Exception as exc:  # a bug here must fail the job, never kill the worker
-                log.exception("generation job failed")
-                item.ticket.emit(JobFailed(APIError(500, f"internal error: {type(exc).__name__}",
-                                                    code="internal_error")))
-            finally:
-                with self._cond:
-                    self._running = None
-                self._job_seconds = 0.8 * self._job_seconds + 0.2 * (time.perf_counter() - started)
-
-    def _generate(self, prompt_ids: tuple[int, ...], params: GenerationParams, stop: Sequence[str],
-                  spec: SpecParams, scope: LookupScope) -> Generator[TextChunk, None, None]:
-        """The one place the service calls the engine (through the text layer: detokenization and
-        stop strings, as in-process callers get them)."""
-        return self.text_engine.stream_ids(prompt_ids, params, stop, spec=spec, scope=scope)
-
-    def _run(self, ticket: Ticket, queued_s: float) -> None:
-        job = ticket.job
-        self.metrics.queue_time.observe(queued_s)
-        if ticket.cancelled.is_set():
-            self.metrics.aborted.labels(reason=ticket.cancel_reason).inc()
-            ticket.emit(JobFailed(_cancelled(ticket)))
-            return
-        if time.perf_counter() > job.deadline:
+    def _error_of(self, error: BaseException, ticket: Ticket) -> APIError:
+        """The API error a choice that did not finish ends its job with."""
+        if isinstance(error, Cancelled):
+            reason = "shutdown" if error.reason == "shutdown" else ticket.cancel_reason
+            self.metrics.aborted.labels(reason=reason).inc()
+            return _shutting_down() if reason == "shutdown" else _cancelled(ticket)
+        if isinstance(error, DeadlineExceeded):
             self.metrics.aborted.labels(reason="deadline").inc()
-            ticket.emit(JobFailed(self.deadline_error()))
-            return
-        last_token_at: float | None = None
-        for choice in job.choices:
-            tokens: list[int] = []
-            stats: RequestStats | None = None
-            reason: str | None = None
-            failure: APIError | None = None
-            gen = self._generate(choice.prompt_ids, choice.params, job.stop, job.spec, job.scope)
-            try:
-                for chunk in gen:
-                    now = time.perf_counter()
-                    stats = chunk.stats or stats
-                    if chunk.token_ids:
-                        if last_token_at is None:
-                            self.metrics.ttft.observe(now - job.arrived)
-                        else:
-                            gap = (now - last_token_at) / len(chunk.token_ids)
-                            for _ in chunk.token_ids:
-                                self.metrics.itl.observe(gap)
-                        last_token_at = now
-                    tokens.extend(chunk.token_ids)
-                    if chunk.text:
-                        ticket.emit(TextDelta(choice.index, chunk.text))
-                    if chunk.finish_reason is not None:
-                        reason = chunk.finish_reason
-                        break
-                    if ticket.cancelled.is_set():
-                        failure = _cancelled(ticket)
-                        self.metrics.aborted.labels(reason=ticket.cancel_reason).inc()
-                        break
-                    if now > job.deadline:
-                        failure = self.deadline_error()
-                        self.metrics.aborted.labels(reason="deadline").inc()
-                        break
-                else:
-                    reason = "length"  # an engine that ends without a finish_reason
-            except Exception as exc:
-                # The request was validated before it was queued, so this is the engine failing.
-                log.exception("the engine failed")
-                self._engine_failures += 1
-                self.metrics.aborted.labels(reason="engine_error").inc()
-                failure = APIError(500, f"the engine failed: {type(exc).__name__}: {exc}",
-                                   code="engine_error")
-            finally:
-                gen.close()  # stops the decode loop (stop string, cancel, deadline)
-            self._append_output(job.namespace, tokens)
-            if failure is not None:
-                ticket.emit(JobFailed(failure))
-                return
-            self._engine_failures = 0
-            stats = stats or RequestStats()
-            self.metrics.observe_stats(stats, len(choice.prompt_ids), len(tokens))
-            self.aggregate.add(stats)
-            assert reason is not None
-            ticket.emit(ChoiceFinished(choice.index, reason, len(choice.prompt_ids), len(tokens), stats))
-        self.metrics.e2e.observe(time.perf_counter() - job.arrived)
-        ticket.emit(JobDone())
+            return self.deadline_error()
+        log.error("the engine failed: %s: %s", type(error).__name__, error)
+        self._engine_failures += 1
+        self.metrics.aborted.labels(reason="engine_error").inc()
+        return APIError(500, f"the engine failed: {type(error).__name__}: {error}", code="engine_error")
 
     # ---- output log -------------------------------------------------------------------------
 
@@ -295,13 +281,13 @@ class GatewayService:
         return self.worker_alive and self._engine_failures < _FAILURES_BEFORE_UNHEALTHY
 
     def snapshot(self) -> dict[str, Any]:
-        with self._cond:
-            waiting, running = len(self._queue), int(self._running is not None)
+        sched = self.scheduler
         return {
-            "queue_depth": waiting,
-            "running": running,
+            "queue_depth": sched.waiting,
+            "running": sched.running,
             "engine_ok": int(self.engine_ok),
             "draining": int(self._draining),
             "store": self.store.health(),
             "indexes": self.indexes.sizes(),
+            "scheduler": sched.stats,
         }

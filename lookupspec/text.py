@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from lookupspec.detokenize import TextStream
-from lookupspec.engine import Engine
+from lookupspec.engine import Engine, StepOutput
 from lookupspec.models import (
     LoadedModel,
     ModelLoadError,
@@ -33,7 +33,7 @@ from lookupspec.prompt_bound import PromptBound
 from lookupspec.sampling import SamplingParams
 from lookupspec.stats import RequestStats
 
-__all__ = ["Completion", "TextChunk", "TextEngine"]
+__all__ = ["Completion", "TextChunk", "TextEngine", "TextFollower"]
 
 _ENGINE_OPTIONS = ("max_slots", "kv_cache_bytes", "prefill_chunk", "spec")
 
@@ -59,6 +59,25 @@ class Completion:
 
     def __post_init__(self) -> None:
         self.completion_tokens = len(self.token_ids)
+
+
+class TextFollower:
+    """One generation's text as its steps come out: each step's tokens become a text delta (held back
+    while it may be the start of a stop string or of a multi-byte character); a stop string ends the
+    text with finish_reason "stop" (the caller then stops the generation)."""
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
+        self._text = TextStream(tokenizer, stop)
+
+    def feed(self, step: StepOutput) -> TextChunk:
+        delta = self._text.push(step.tokens)
+        if self._text.stop_reached is not None:
+            return TextChunk(delta, step.tokens, "stop", step.stats)
+        if step.finish_reason is not None:
+            delta += self._text.flush()
+            if self._text.stop_reached is not None:
+                return TextChunk(delta, step.tokens, "stop", step.stats)
+        return TextChunk(delta, step.tokens, step.finish_reason, step.stats)
 
 
 class TextEngine:
@@ -163,24 +182,23 @@ class TextEngine:
             ignore_eos=ignore_eos,
         )
 
+    def follower(self, stop: Sequence[str] = ()) -> TextFollower:
+        """Turns one generation's steps into text chunks (for callers that get steps from a
+        scheduler rather than from :meth:`stream_ids`)."""
+        return TextFollower(self.tokenizer, stop)
+
     def stream_ids(self, prompt_ids: Sequence[int], params: GenerationParams, stop: Sequence[str] = (),
                    spec: SpecParams | None = None,
                    scope: LookupScope | None = None) -> Generator[TextChunk, None, None]:
         """Text chunks as steps complete; a stop string ends the stream with finish_reason 'stop'."""
-        text = TextStream(self.tokenizer, stop)
+        follow = self.follower(stop)
         gen = self.engine.generate(prompt_ids, params, spec=spec, scope=scope)
         try:
             for step in gen:
-                delta = text.push(step.tokens)
-                if text.stop_reached is not None:
-                    yield TextChunk(delta, step.tokens, "stop", step.stats)
+                chunk = follow.feed(step)
+                yield chunk
+                if chunk.finish_reason is not None:
                     return
-                if step.finish_reason is not None:
-                    delta += text.flush()
-                    if text.stop_reached is not None:
-                        yield TextChunk(delta, step.tokens, "stop", step.stats)
-                        return
-                yield TextChunk(delta, step.tokens, step.finish_reason, step.stats)
         finally:
             gen.close()  # stops the decode loop when the consumer goes away (stop string, disconnect)
 

@@ -98,7 +98,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="the key that may see /health's detail and digest (unset: any valid API key; without API "
            "keys, set it to protect just that detail) [env LOOKUPSPEC_ADMIN_KEY]")
     a("--max-queue", type=_non_negative, default=_env("MAX_QUEUE", 64, int),
-      help="requests that may wait while one generates; more get 429 [env LOOKUPSPEC_MAX_QUEUE]")
+      help="requests that may wait for a slot while --max-batch sequences run; more get 429 "
+           "[env LOOKUPSPEC_MAX_QUEUE]")
+    a("--max-batch", type=_positive, default=_env("MAX_BATCH", 16, int),
+      help="sequences generating at once, batched into one forward per step (a request with n choices "
+           "takes n) [env LOOKUPSPEC_MAX_BATCH]")
+    a("--max-batch-tokens", type=_positive, default=_env("MAX_BATCH_TOKENS", None, int),
+      help="rows one step may have, prefill chunk included (unset: the draft budget alone decides) "
+           "[env LOOKUPSPEC_MAX_BATCH_TOKENS]")
+    a("--prefill-chunk", type=_positive, default=_env("PREFILL_CHUNK", 128, int),
+      help="prompt tokens prefilled per scheduler iteration, between decode steps, so running streams keep "
+           "their inter-token latency while a long prompt is prefilled [env LOOKUPSPEC_PREFILL_CHUNK]")
+    a("--kv-cache-mb", type=_positive, default=_env("KV_CACHE_MB", None, int),
+      help="memory for the KV cache, split evenly between the --max-batch slots; a request that outgrows "
+           "its share ends with finish_reason length (unset: grow as needed) [env LOOKUPSPEC_KV_CACHE_MB]")
     a("--request-timeout", type=_seconds, default=_env("REQUEST_TIMEOUT", 600.0, float),
       help="deadline of one generation request in seconds [env LOOKUPSPEC_REQUEST_TIMEOUT]")
     a("--drain-timeout", type=float, default=_env("DRAIN_TIMEOUT", 30.0, float),
@@ -220,12 +233,15 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
     started = time.perf_counter()
     try:
         # warmup: seeds the cost model that decides how much to draft (a few dummy forwards)
+        kv_bytes = None if args.kv_cache_mb is None else args.kv_cache_mb * 2**20
         te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
                              packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
-                             warmup=True, log=_say)
+                             warmup=True, log=_say, max_slots=args.max_batch, kv_cache_bytes=kv_bytes,
+                             prefill_chunk=args.prefill_chunk)
         config = GatewayConfig(
             model_name=args.served_model_name or te.loaded.name, api_keys=keys, admin_key=args.admin_key,
-            max_queue=args.max_queue, request_timeout_s=args.request_timeout,
+            max_queue=args.max_queue, max_batch=args.max_batch, max_batch_tokens=args.max_batch_tokens,
+            request_timeout_s=args.request_timeout,
             drain_timeout_s=max(args.drain_timeout, 0.0), max_model_len=args.max_model_len,
             output_cap_tokens=args.output_cap_tokens, limits=limits)
         service = build_service(te, store, config)
@@ -235,7 +251,8 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
              f"speculation {'on' if spec.enabled else 'off'}: up to {spec.max_draft_tokens} draft tokens "
              f"per step, sources {','.join(spec.sources)}, draft model {args.draft_model or 'none'}; "
              f"packed linear {'on' if args.packed_linear else 'off'}, "
-             f"lean forward {'on' if args.lean_forward else 'off'}")
+             f"lean forward {'on' if args.lean_forward else 'off'}; batches of up to {args.max_batch} "
+             f"sequences, prefill chunks of {args.prefill_chunk} tokens")
         replayed = store.start()
         backend = f"redis {args.redis_url}" if args.redis_url else f"embedded {args.data_dir}"
         synced = store.health().get("synced", True)

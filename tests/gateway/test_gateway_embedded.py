@@ -65,9 +65,10 @@ def test_sigterm_drains_in_flight_streams_cuts_the_rest_cleanly_then_exits_0(
     request gets 503 shutting_down. A stream that finishes within the drain timeout is complete; one
     still running when it expires ends with an error event and [DONE]; nothing is cancelled under
     uvicorn's feet (no tracebacks), and the exit status is 0."""
-    g = gateways("drain", "--drain-timeout", "2")
+    g = gateways("drain", "--drain-timeout", "8")
     g.start().wait_ready()
-    short = {"model": MODEL, "prompt": "drain me", "max_tokens": 40, "temperature": 0, "stream": True}
+    # the short stream shares every step with the long one's 8 samples (continuous batching)
+    short = {"model": MODEL, "prompt": "drain me", "max_tokens": 16, "temperature": 0, "stream": True}
     # 8 samples x 2000 tokens: far longer than the drain timeout on any machine
     long = {"model": MODEL, "prompt": "cut me", "max_tokens": 2000, "n": 8, "temperature": 0, "stream": True}
     with httpx.Client(base_url=g.url, timeout=60) as c, \

@@ -19,38 +19,67 @@ from lookupspec.gateway.config import GatewayConfig, Limits
 from lookupspec.gateway.service import GatewayService
 from lookupspec.gateway.store import open_store
 
-from lookupspec.engine import StepOutput
-from lookupspec.stats import RequestStats
+from lookupspec.engine import SequenceState, StepOutput
+from lookupspec.params import SpecParams
 from lookupspec.text import TextEngine
 
 
 class ScriptedEngine:
-    """Emits token id 65 + i % 26 per step after ``delay`` seconds; each step 'drafts' 2 context tokens
-    and accepts 1. With ``fail`` it raises on the first step."""
+    """The engine's batch API with scripted steps: every output is token id 65 + i % 26 (i counts the
+    sequence's outputs), 'drafts' 2 context tokens and accepts 1; each step sleeps ``delay`` seconds.
+    With ``fail`` a prefill raises; with ``gate`` set, every step waits for it (a stuck engine)."""
+
+    prefill_chunk = None
 
     def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
         self.delay = delay
         self.fail = fail
-        self.gate: threading.Event | None = None  # when set: every step waits for it (a stuck engine)
+        self.gate: threading.Event | None = None
         self.context_window = 256
         self.vocab_size = 512
+        self.default_spec = SpecParams()
         self.steps_run = 0
 
-    def generate(self, prompt_ids: Any, params: Any, spec: Any = None,
-                 scope: Any = None) -> Iterator[StepOutput]:
-        stats = RequestStats()
-        for i in range(params.max_tokens):
-            if self.fail:
-                raise RuntimeError("scripted engine failure")
-            time.sleep(self.delay)
-            if self.gate is not None:
-                self.gate.wait()
-            self.steps_run += 1
-            stats.observe(draft=2, accepted=1, emitted=1, source_draft={"context": 2},
+    def check_prompt(self, prompt_ids: Any) -> tuple[int, ...]:
+        return tuple(prompt_ids)
+
+    def start(self, prompt: Any, params: Any, spec: Any = None, scope: Any = None) -> SequenceState:
+        return SequenceState(tuple(prompt), params, spec or self.default_spec, params.sampling, 0,
+                             context=list(prompt))
+
+    def _out(self, seq: SequenceState) -> StepOutput:
+        i = seq.generated
+        seq.stats.observe(draft=2, accepted=1, emitted=1, source_draft={"context": 2},
                           source_accepted={"context": 1})
-            last = i == params.max_tokens - 1
-            yield StepOutput((65 + i % 26,), "length" if last else None, draft_tokens=2, accepted_tokens=1,
-                             stats=stats)
+        seq.generated += 1
+        seq.context.append(65 + i % 26)
+        reason = "length" if seq.generated == seq.params.max_tokens else None
+        seq.finish_reason = reason
+        return StepOutput((65 + i % 26,), reason, draft_tokens=2, accepted_tokens=1, stats=seq.stats)
+
+    def prefill(self, seq: SequenceState, max_tokens: Any = None) -> StepOutput:
+        if self.fail:
+            raise RuntimeError("scripted engine failure")
+        seq.prefilled = len(seq.prompt)
+        return self._out(seq)
+
+    def fork(self, parent: SequenceState, params: Any) -> tuple[SequenceState, StepOutput]:
+        child = self.start(parent.prompt, params, parent.spec)
+        child.prefilled = len(child.prompt)
+        return child, self._out(child)
+
+    def step(self, seqs: Any, max_rows: Any = None) -> list[StepOutput]:
+        time.sleep(self.delay)
+        if self.gate is not None:
+            self.gate.wait()
+        self.steps_run += len(seqs)
+        return [self._out(s) for s in seqs]
+
+    def release(self, seq: SequenceState) -> None:
+        seq.released = True
+
+    def rollback(self, seq: SequenceState) -> None:
+        pass
 
 
 @pytest.fixture
@@ -134,17 +163,19 @@ def test_the_deadline_ends_a_slow_request_with_504_or_a_final_error_event(make_s
     assert engine.steps_run < 3 * 200  # every slow generation was stopped at its deadline
 
 
-def test_a_full_queue_answers_429_with_retry_after(make_service) -> None:
-    app, service = make_service(ScriptedEngine(delay=0.02), max_queue=1)
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_requests_beyond_the_slots_and_the_queue_get_429_with_retry_after(make_service, max_batch) -> None:
+    """Capacity is max_batch running sequences plus max_queue requests waiting for a slot."""
+    app, service = make_service(ScriptedEngine(delay=0.02), max_queue=1, max_batch=max_batch)
 
     async def main() -> list[httpx.Response]:
         async with client(app) as c:
             return list(await asyncio.gather(*(c.post("/v1/completions", json={**BODY, "max_tokens": 20})
-                                               for _ in range(4))))
+                                               for _ in range(max_batch + 3))))
 
     responses = asyncio.run(main())
     codes = sorted(r.status_code for r in responses)
-    assert codes == [200, 200, 429, 429]
+    assert codes == [200] * (max_batch + 1) + [429, 429]
     for r in responses:
         if r.status_code == 429:
             assert int(r.headers["retry-after"]) >= 1 and r.json()["error"]["code"] == "queue_full"
