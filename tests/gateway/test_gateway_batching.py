@@ -1,0 +1,120 @@
+"""Continuous batching under load, through the official `openai` client against a real server: every
+completed response equals the same request alone in process; streams cancelled mid-way free their
+slots and cost the others nothing; a request past its deadline ends alone; malformed and oversized
+requests get their 4xx without disturbing the running batch; the metrics show batched steps."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+from gateway_harness import MODEL, Gateway
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory) -> Gateway:
+    g = Gateway(tiny_model, tmp_path_factory.mktemp("batching"), name="batching",
+                args=["--max-batch", "8", "--max-queue", "64", "--prefill-chunk", "16"])
+    g.start().wait_ready()
+    yield g
+    g.stop()
+
+
+def _client(server: Gateway) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _prompt(i: int) -> str:
+    return f"Request {i}: " + "the quick brown fox jumps over the lazy dog " * (1 + i % 4)
+
+
+def test_32_streams_with_cancellations_deadlines_and_bad_requests(server: Gateway, text_engine) -> None:
+    async def stream(client: openai.AsyncOpenAI, i: int) -> tuple[int, str, str | None]:
+        cancel = i % 4 == 1  # a quarter of the clients leave after two chunks
+        s = await client.completions.create(model=MODEL, prompt=_prompt(i), max_tokens=400 if cancel else 32,
+                                            temperature=0 if i % 2 == 0 else 0.8, seed=i, stream=True,
+                                            extra_body={"lookup": {"max_draft_tokens": 6}})
+        text, reason, chunks = [], None, 0
+        async for chunk in s:
+            chunks += 1
+            if chunk.choices:
+                text.append(chunk.choices[0].text)
+                reason = chunk.choices[0].finish_reason or reason
+            if cancel and chunks == 2:
+                await s.close()
+                return i, "".join(text), "cancelled"
+        return i, "".join(text), reason
+
+    async def bad(http: httpx.AsyncClient) -> list[int]:
+        await asyncio.sleep(0.5)  # while the batch runs
+        out = []
+        for body in ({"model": MODEL, "prompt": "x", "max_tokens": "many"},  # malformed
+                     {"model": MODEL, "prompt": "x", "max_tokens": 10**6},  # over the window
+                     {"model": MODEL, "prompt": "x", "temperature": -1}):
+            out.append((await http.post("/v1/completions", json=body)).status_code)
+        big = {"model": MODEL, "prompt": "y" * (17 * 2**20)}  # over the body limit
+        out.append((await http.post("/v1/completions", json=big)).status_code)
+        return out
+
+    async def run():
+        async with _client(server) as client, httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            streams = asyncio.gather(*(stream(client, i) for i in range(32)))
+            return await streams, await bad(http)
+
+    before = server.metrics()
+    results, bad_codes = asyncio.run(run())
+    assert bad_codes == [400, 400, 400, 413]
+    for i, text, reason in results:
+        if reason == "cancelled":
+            continue
+        want = text_engine.complete(prompt=_prompt(i), max_tokens=32, temperature=0 if i % 2 == 0 else 0.8,
+                                    seed=i)
+        assert (text, reason) == (want.text, want.finish_reason), f"request {i}"
+    assert sum(r == "cancelled" for _, _, r in results) == 8
+    # the cancelled slots were freed: nothing runs or waits once the streams are done
+    deadline = time.monotonic() + 10
+    while server.metrics()["lookupspec_num_requests_running"] != 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    m = server.metrics()
+    assert m["lookupspec_num_requests_waiting"] == 0
+    steps = m["lookupspec_scheduler_steps_total"] - before.get("lookupspec_scheduler_steps_total", 0)
+    name = "lookupspec_scheduler_step_sequences_total"
+    seqs = m[name] - before.get(name, 0)
+    assert seqs / steps > 3  # sequences really shared steps
+    assert 'lookupspec_batch_steps_total{batch_size="8"}' in m
+    assert m.get('lookupspec_requests_aborted_total{reason="engine_error"}', 0) == 0
+
+
+def test_a_deadline_ends_only_its_own_request(gateways, text_engine) -> None:
+    """--request-timeout 4 s: a 2000-token request running beside short ones is cut at its deadline
+    (it is deterministic: seeded, and it reaches 2000 tokens in process); the short ones, which share
+    its steps, complete normally."""
+    server = gateways("deadline", "--max-batch", "4", "--request-timeout", "4").start().wait_ready()
+
+    async def run():
+        async with _client(server) as client:
+            long = asyncio.create_task(client.completions.create(
+                model=MODEL, prompt="a very long story", max_tokens=2000, temperature=1.0, seed=3))
+            await asyncio.sleep(0.5)
+            short = [await client.completions.create(model=MODEL, prompt=_prompt(i), max_tokens=24,
+                                                     temperature=0) for i in range(3)]
+            try:
+                await long
+            except openai.APIStatusError as exc:
+                return short, exc.status_code
+            return short, 200
+
+    t0 = time.monotonic()
+    short, status = asyncio.run(run())
+    for i, r in enumerate(short):
+        assert r.choices[0].text == text_engine.complete(prompt=_prompt(i), max_tokens=24).text
+    assert status == 504 and time.monotonic() - t0 < 30
+    m = server.metrics()
+    assert m['lookupspec_requests_aborted_total{reason="deadline"}'] == 1
+    assert m["lookupspec_num_requests_running"] == 0
