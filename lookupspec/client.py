@@ -205,15 +205,20 @@ class _Collector:
 
 
 class LocalClient(Client):
-    """An engine in this process. Requests run one at a time (one engine, one KV cache); concurrent
-    callers (threads, ``asyncio`` tasks) queue on a lock. Collections live in memory; the outputs of
-    earlier requests feed the output drafter, as in the gateway."""
+    """An engine in this process, driven by a :class:`~lookupspec.scheduler.Scheduler` on its own
+    thread: concurrent callers (threads, ``asyncio`` tasks) are batched into the same steps, up to
+    ``max_batch`` sequences at once, exactly as the gateway batches its requests. Collections live in
+    memory; the outputs of earlier requests feed the output drafter, as in the gateway. While the
+    client runs requests, its engine must not be driven by anything else."""
 
-    def __init__(self, engine: Any, *, model: str | None = None, output_cap_tokens: int = 1_000_000) -> None:
+    def __init__(self, engine: Any, *, model: str | None = None, output_cap_tokens: int = 1_000_000,
+                 max_batch: int = 16) -> None:
         from lookupspec.index import OutputStore
 
         self.engine = engine  # lookupspec.text.TextEngine
         self._model = model or "local"
+        self._max_batch = max_batch
+        self._sched: Any = None
         self._lock = threading.Lock()
         self._collections: dict[str, Any] = {}
         self._output = OutputStore(output_cap_tokens)
@@ -282,20 +287,50 @@ class LocalClient(Client):
 
         with self._lock:
             prompt_ids, params, spec, scope = self._plan(request)
-            tokens: list[int] = []
-            for chunk in self.engine.stream_ids(prompt_ids, params, request.stop, spec=spec, scope=scope):
-                tokens.extend(chunk.token_ids)
-                if chunk.finish_reason is None:
-                    if chunk.text:
-                        yield Delta(chunk.text)
+        sink = _QueueSink(self.engine.follower(request.stop))
+        param = "messages" if request.messages is not None else "prompt"
+        try:
+            req = self._scheduler().submit(prompt_ids, [(params, sink)], spec, scope)
+        except ValueError as exc:
+            raise ClientError(str(exc), param=param) from exc
+        tokens: list[int] = []
+        try:
+            while True:
+                item = sink.items.get()
+                if isinstance(item, BaseException):
+                    raise _local_failure(item) from item
+                tokens.extend(item.token_ids)
+                if item.finish_reason is None:
+                    if item.text:
+                        yield Delta(item.text)
                     continue
                 if tokens:  # speculated or not: the output store serves later requests (planning)
-                    self._output.append(np.asarray(tokens, dtype=np.int32))
+                    with self._lock:
+                        self._output.append(np.asarray(tokens, dtype=np.int32))
                 usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
                          "total_tokens": len(prompt_ids) + len(tokens)}
-                spec_stats = speculation_dict(chunk.stats) if chunk.stats is not None else {}
-                yield Delta(chunk.text, chunk.finish_reason, usage, spec_stats)
+                spec_stats = speculation_dict(item.stats) if item.stats is not None else {}
+                yield Delta(item.text, item.finish_reason, usage, spec_stats)
                 return
+        finally:
+            req.cancel()  # a no-op once finished; stops the generation when the consumer leaves early
+
+    def _scheduler(self) -> Any:
+        """The scheduler that runs this client's requests, batched (started on first use)."""
+        with self._lock:
+            if self._sched is None:
+                from lookupspec.scheduler import Scheduler
+
+                self._sched = Scheduler(self.engine.engine, max_batch=self._max_batch)
+                self._sched.start()
+            return self._sched
+
+    def close(self) -> None:
+        """Stop the scheduler thread (requests still running end with an error)."""
+        with self._lock:
+            sched, self._sched = self._sched, None
+        if sched is not None:
+            sched.stop()
 
     async def astream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Runs :meth:`stream` on a worker thread; leaving the loop early stops the generation."""
@@ -320,7 +355,7 @@ class LocalClient(Client):
             except BaseException as exc:  # handed to the consumer
                 put(exc)
             finally:
-                gen.close()  # releases the engine lock
+                gen.close()  # cancels the scheduler request if it is still running
 
         thread = threading.Thread(target=work, name="lookupspec-local", daemon=True)
         thread.start()
@@ -334,6 +369,34 @@ class LocalClient(Client):
                 yield item
         finally:
             cancelled.set()
+
+
+def _local_failure(error: BaseException) -> ClientError:
+    """A generation that ended without finishing, as the gateway would report it."""
+    from lookupspec.scheduler import Cancelled
+
+    if isinstance(error, Cancelled) and error.reason == "shutdown":
+        return ClientError("the client was closed while the request ran", status=503, code="shutting_down")
+    return ClientError(f"the generation failed: {type(error).__name__}: {error}", status=500,
+                       code="engine_error")
+
+
+class _QueueSink:
+    """A scheduler sink that turns one choice's steps into text chunks on a thread-safe queue."""
+
+    def __init__(self, follow: Any) -> None:
+        import queue
+
+        self.follow = follow  # lookupspec.text.TextFollower
+        self.items: queue.Queue[Any] = queue.Queue()
+
+    def deliver(self, output: Any) -> bool:
+        chunk = self.follow.feed(output)
+        self.items.put(chunk)
+        return chunk.finish_reason is None
+
+    def fail(self, error: BaseException) -> None:
+        self.items.put(error)
 
 
 def _param_of(message: str) -> str | None:

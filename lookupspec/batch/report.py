@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from lookupspec.batch.inputs import BadInput
-from lookupspec.batch.speedup import PlainSample, Speedup, measure_speedup
+from lookupspec.batch.speedup import STEP_RATIO, PlainSample, Speedup, decode_wall_time, measure_speedup
 
 __all__ = ["JobReport"]
 
@@ -34,6 +34,7 @@ class JobReport:
         self.skipped_done = 0  # documents already in the output file
         self.interrupted: str | None = None  # the signal's name when the run was cut short
         self.plain_samples: list[PlainSample] = []  # documents decoded again without speculation
+        self.concurrency = 1  # documents in flight at once (the job's --concurrency)
 
     def start(self) -> None:
         """Start the clock (when the first request goes out: model loading is not the job's time)."""
@@ -70,10 +71,16 @@ class JobReport:
         """The speedup over plain decoding (:mod:`lookupspec.batch.speedup`); None without a sample."""
         timed = [r for r in self.records if r["timings"].get("decode_s") is not None]
         tokens = sum(max(int(r["usage"].get("completion_tokens", 0)) - 1, 0) for r in timed)
-        decode_s = float(sum(r["timings"]["decode_s"] for r in timed))
+        windows = [r["timings"]["decode_window"] for r in timed if r["timings"].get("decode_window")]
+        if len(windows) == len(timed) and windows:  # documents in flight together: the wall time decoding
+            decode_s = decode_wall_time(windows)
+        else:
+            decode_s = float(sum(r["timings"]["decode_s"] for r in timed))
         steps = [(str(r["id"]), r["timings"]["decode_s"] / r["speculation"]["steps"]) for r in timed
                  if (r.get("speculation") or {}).get("steps") and r["timings"]["decode_s"] > 0]
-        return measure_speedup(self.plain_samples, tokens, decode_s, steps)
+        low, high = STEP_RATIO  # a batched step serves up to `concurrency` documents
+        return measure_speedup(self.plain_samples, tokens, decode_s, steps,
+                               step_ratio=(low, high * max(self.concurrency, 1)))
 
     def text(self, output_records: Sequence[Mapping[str, Any]] = (), output_name: str = "the output") -> str:
         """The final report. ``output_records``: every record of the output file, for the line that

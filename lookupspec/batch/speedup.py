@@ -29,8 +29,12 @@ reported as unreliable, with the evidence, when either shows:
   plain step was decoded under another load than the sample (example: a load spike made one
   document's 5 steps take 1.15 s each, against a 35 ms plain step).
 
-Over a gateway the decode times are per request; they add up to the job's decoding time because the
-gateway runs one generation at a time (``gateway/service.py``).
+With ``--concurrency`` above 1, documents are in flight together and batched into the same decode
+steps (by the gateway's scheduler, or the in-process client's). ``sum_run(decode_s)`` is then the
+wall time during which any document was decoding (the union of their decode windows,
+:func:`decode_wall_time`), so the figure is the job's speedup over decoding its documents one at a time
+without speculation: batching's gain and speculation's together. A batched step serves several
+documents, so the per-document step bound above is widened by the concurrency.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SPREAD_LIMIT", "STEP_RATIO", "PlainSample", "Speedup", "measure_speedup", "step_spread"]
+__all__ = ["SPREAD_LIMIT", "STEP_RATIO", "PlainSample", "Speedup", "decode_wall_time", "measure_speedup",
+           "step_spread"]
 
 # (p90 - p10) / median of the plain sample's step times above which the figure is called unreliable.
 # Plain decoding does the same work every step, so steady load keeps its step times near the median
@@ -80,6 +85,17 @@ def step_spread(step_s: Sequence[float]) -> tuple[float, float, float] | None:
         return None
     p10, p50, p90 = np.percentile(x, [10, 50, 90])
     return float(p10), float(p50), float(p90)
+
+
+def decode_wall_time(windows: Sequence[Sequence[float]]) -> float:
+    """Seconds covered by the union of [start, end] windows. Example: [0, 2], [1, 3], [5, 6] -> 4."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted((float(a), float(b)) for a, b in windows):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
 
 
 def measure_speedup(samples: Sequence[PlainSample], decode_tokens: int, decode_s: float,

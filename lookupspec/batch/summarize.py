@@ -1,23 +1,24 @@
 """The summarization job: documents in, one JSON line per finished document out.
 
-In-process (a :class:`~lookupspec.client.LocalClient`) documents run one after another in the main
-thread: the engine serves one request at a time anyway. Over a gateway a bounded pool of
-``concurrency`` daemon threads keeps that many requests in flight; results are written by the main
-thread only, in finishing order. Each record::
+A bounded pool of ``concurrency`` daemon threads keeps that many requests in flight, in process (a
+:class:`~lookupspec.client.LocalClient`, whose scheduler batches them into the same steps) and over a
+gateway alike; results are written by the main thread only, in finishing order. Each record::
 
     {"id": "a", "summary": "...", "finish_reason": "stop", "model": "...",
      "usage": {"prompt_tokens", "completion_tokens", "total_tokens"},
      "speculation": {"steps", "acceptance_length", ...},          # lookupspec.stats.SPECULATION_KEYS
-     "timings": {"total_s", "first_token_s", "decode_s", "tokens_per_second"}}
+     "timings": {"total_s", "first_token_s", "decode_s", "tokens_per_second", "decode_window"}}
 
-``decode_s`` runs from the first text to the last token (``total_s - first_token_s``). A document that
+``decode_s`` runs from the first text to the last token (``total_s - first_token_s``);
+``decode_window`` is that span in seconds since the job started (documents in flight together
+overlap). A document that
 fails is reported and left out of the file, so a rerun tries it again.
 
 The first ``plain_sample`` documents run one at a time, each decoded a second time right after with
 speculation off (nothing written for it): the report measures the speedup over plain decoding against
-that sample (:mod:`lookupspec.batch.speedup`). The remaining documents follow, in the pool over a
-gateway. Errors that would fail every
-document (gateway unreachable, unknown model or collection, bad API key) stop the job: :class:`FatalError`.
+that sample (:mod:`lookupspec.batch.speedup`). The remaining documents follow, in the pool. Errors
+that would fail every document (gateway unreachable, unknown model or collection, bad API key) stop
+the job: :class:`FatalError`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from lookupspec.batch.outputs import OutputFile
 from lookupspec.batch.prompt import DEFAULT_TEMPLATE, PromptTemplate
 from lookupspec.batch.report import JobReport
 from lookupspec.batch.speedup import PlainSample
-from lookupspec.client import Client, ClientError, GenerationRequest, LocalClient, Lookup, Result
+from lookupspec.client import Client, ClientError, GenerationRequest, Lookup, Result
 
 __all__ = ["FatalError", "JobConfig", "plain_sample", "plan", "run_job", "summarize_one"]
 
@@ -106,9 +107,17 @@ def _complete(client: Client, request: GenerationRequest, config: JobConfig) -> 
     raise AssertionError("unreachable")
 
 
-def summarize_one(client: Client, doc: Document, config: JobConfig) -> dict[str, Any]:
-    """One document's record (see the module docstring); retries transient gateway errors."""
-    return _record(doc, _complete(client, _request(doc, config), config), client.model)
+def summarize_one(client: Client, doc: Document, config: JobConfig,
+                  clock: float | None = None) -> dict[str, Any]:
+    """One document's record (see the module docstring); retries transient gateway errors. ``clock``:
+    the job's start (``time.perf_counter()``), for the record's ``decode_window``."""
+    sent = time.perf_counter()
+    record = _record(doc, _complete(client, _request(doc, config), config), client.model)
+    t = record["timings"]
+    if clock is not None and t["first_token_s"] is not None:
+        start = sent - clock
+        t["decode_window"] = [round(start + t["first_token_s"], 4), round(start + t["total_s"], 4)]
+    return record
 
 
 def plain_sample(client: Client, doc: Document, config: JobConfig) -> PlainSample | None:
@@ -166,7 +175,7 @@ def run_job(client: Client, docs: list[Document], out: OutputFile, config: JobCo
         def one(doc: Document) -> bool:
             """Summarize ``doc`` in this thread; whether it succeeded."""
             try:
-                record = summarize_one(client, doc, config)
+                record = summarize_one(client, doc, config, report.started)
             except Exception as exc:  # one document's failure is reported, not the job's end
                 finish(doc, None, exc)
                 return False
@@ -174,6 +183,7 @@ def run_job(client: Client, docs: list[Document], out: OutputFile, config: JobCo
             return True
 
         report.start()
+        report.concurrency = config.concurrency
         sampled = docs[:config.plain_sample]
         for doc in sampled:
             if one(doc):
@@ -187,15 +197,16 @@ def run_job(client: Client, docs: list[Document], out: OutputFile, config: JobCo
                     if sample is not None:
                         report.plain_samples.append(sample)
         rest = docs[len(sampled):]
-        if isinstance(client, LocalClient) or config.concurrency == 1:
+        if config.concurrency == 1:
             for doc in rest:
                 one(doc)
         elif rest:
-            _run_pool(client, rest, config, finish)
+            _run_pool(client, rest, config, finish, report.started)
 
 
 def _run_pool(client: Client, docs: list[Document], config: JobConfig,
-              finish: Callable[[Document, dict[str, Any] | None, BaseException | None], None]) -> None:
+              finish: Callable[[Document, dict[str, Any] | None, BaseException | None], None],
+              clock: float) -> None:
     """``config.concurrency`` daemon threads take documents in order; the caller's thread writes.
     Daemon threads, so an interrupted job exits without waiting for requests in flight."""
     todo = iter(docs)
@@ -210,7 +221,7 @@ def _run_pool(client: Client, docs: list[Document], config: JobConfig,
             if doc is None:
                 break
             try:
-                results.put((doc, summarize_one(client, doc, config), None))
+                results.put((doc, summarize_one(client, doc, config, clock), None))
             except Exception as exc:  # handed to the writer thread
                 results.put((doc, None, exc))
         results.put(None)

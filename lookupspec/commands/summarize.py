@@ -5,7 +5,8 @@ speculation statistics, timings).
 Resumable: a rerun skips the ids already in the output, and a run cut short (Ctrl-C, SIGTERM, kill -9)
 leaves a valid output file (a torn last line is cut off on the next start). A bad input line is
 reported with its line number and skipped (--strict aborts instead). Runs the model in this process,
-or sends requests to a `lookupspec serve` gateway with --gateway (--concurrency requests in flight).
+or sends requests to a `lookupspec serve` gateway with --gateway; either way --concurrency requests are
+in flight, batched into the same decode steps.
 Prints a report at the end: totals, acceptance length and the speedup over plain decoding, measured
 against the first --plain-sample documents decoded again without speculation in the same run (see
 lookupspec.batch.speedup). --plot needs matplotlib, checked before the job starts; the chart covers
@@ -53,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # read at run time, so --help never prints a key
     a("--api-key", default=None, help="the gateway's API key [env LOOKUPSPEC_API_KEY]")
     a("--concurrency", type=positive_int, default=4,
-      help="requests in flight with --gateway (in-process requests run one at a time)")
+      help="requests in flight (in process they are batched into the same decode steps, like the gateway's)")
     a("--strict", action="store_true", help="abort on the first bad input entry instead of skipping it")
     a("--limit", type=non_negative_int, default=None, help="summarize at most this many documents this run")
     a("--plain-sample", type=non_negative_int, default=1, metavar="N",
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         return _error(f"--prompt-template: {exc}")
     config = JobConfig(max_tokens=args.max_tokens, template=template, collection=args.collection,
-                       concurrency=args.concurrency if args.gateway else 1, strict=args.strict,
+                       concurrency=args.concurrency, strict=args.strict,
                        limit=args.limit, plain_sample=args.plain_sample, log=log,
                        progress=sys.stderr.isatty() if args.progress is None else args.progress)
     report = JobReport()
