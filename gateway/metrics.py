@@ -47,6 +47,15 @@ class _Snapshot(Collector):
         sched = s.get("scheduler")
         if sched is not None:
             yield from _scheduler_metrics(sched)
+        pc = s.get("prefix_cache")
+        if pc is not None:
+            yield _counter("prefix_cache_lookups", "prompts looked up in the prefix cache", pc.lookups)
+            yield _counter("prefix_cache_hits", "prompts that reused cached chunks", pc.hits)
+            yield _counter("prefix_cache_hit_tokens", "prompt tokens reused from the prefix cache",
+                           pc.hit_tokens)
+            yield _counter("prefix_cache_evictions", "chunks evicted from the prefix cache", pc.evicted)
+            yield _gauge("prefix_cache_blocks", "chunks held by the prefix cache", pc.blocks)
+            yield _gauge("prefix_cache_bytes", "bytes held by the prefix cache", pc.bytes)
         yield _gauge("engine_healthy", "1 while the generation worker is alive and working", s["engine_ok"])
         yield _gauge("draining", "1 after SIGTERM: new requests are refused", s["draining"])
         store = s["store"]

@@ -98,7 +98,7 @@ async def _generate(request: Request, body: CompletionRequest | ChatCompletionRe
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage(job.prompt_tokens, sum(f.completion_tokens for f in finished)),
+        "usage": usage(job.prompt_tokens, finished),
         "speculation": speculation([f.stats for f in finished]),
     })
 

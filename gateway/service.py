@@ -221,7 +221,8 @@ class GatewayService:
             state = _Job(ticket)
             for ids, choices in prompts.items():
                 sinks = [(c.params, _ChoiceSink(self, state, c)) for c in choices]
-                state.requests.append(sched.submit(ids, sinks, job.spec, job.scope, deadline=job.deadline))
+                state.requests.append(sched.submit(ids, sinks, job.spec, job.scope, deadline=job.deadline,
+                                                   namespace=job.namespace))
         def cancel(reason: str) -> None:
             for req in state.requests:
                 req.cancel(reason)
@@ -290,4 +291,5 @@ class GatewayService:
             "store": self.store.health(),
             "indexes": self.indexes.sizes(),
             "scheduler": sched.stats,
+            "prefix_cache": None if self.engine.prefix_cache is None else self.engine.prefix_cache.stats,
         }

@@ -40,9 +40,13 @@ def speculation(stats: Sequence[RequestStats]) -> dict[str, Any]:
     return speculation_dict(*stats)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, finished: Sequence[ChoiceFinished]) -> dict[str, Any]:
+    """OpenAI's ``usage``: ``prompt_tokens_details.cached_tokens`` counts the prompt tokens whose KV
+    came from the prefix cache (a prompt's choices share its prefill, so each prompt counts once)."""
+    completion = sum(f.completion_tokens for f in finished)
+    cached = sum(f.stats.cached_tokens for f in finished)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 @dataclass
@@ -126,8 +130,7 @@ async def sse_events(ticket: Ticket, kind: Kind, model: str, include_usage: bool
             elif isinstance(event, JobDone):
                 if include_usage:
                     yield _data({**base, "choices": [],
-                                 "usage": usage(ticket.job.prompt_tokens,
-                                                sum(f.completion_tokens for f in finished)),
+                                 "usage": usage(ticket.job.prompt_tokens, finished),
                                  "speculation": speculation([f.stats for f in finished])})
                 break
         yield _DONE

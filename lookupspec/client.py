@@ -118,7 +118,7 @@ class Delta:
 
     text: str
     finish_reason: str | None = None
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None
     speculation: dict[str, Any] | None = None
 
 
@@ -126,7 +126,7 @@ class Delta:
 class Result:
     text: str
     finish_reason: str
-    usage: dict[str, int]
+    usage: dict[str, Any]  # OpenAI's: prompt/completion/total tokens, prompt_tokens_details.cached_tokens
     speculation: dict[str, Any]
     seconds: float  # request start to the last token
     first_token_s: float | None  # request start to the first non-empty text
@@ -290,7 +290,7 @@ class LocalClient(Client):
         sink = _QueueSink(self.engine.follower(request.stop))
         param = "messages" if request.messages is not None else "prompt"
         try:
-            req = self._scheduler().submit(prompt_ids, [(params, sink)], spec, scope)
+            req = self._scheduler().submit(prompt_ids, [(params, sink)], spec, scope, namespace="local")
         except ValueError as exc:
             raise ClientError(str(exc), param=param) from exc
         tokens: list[int] = []
@@ -307,8 +307,10 @@ class LocalClient(Client):
                 if tokens:  # speculated or not: the output store serves later requests (planning)
                     with self._lock:
                         self._output.append(np.asarray(tokens, dtype=np.int32))
+                cached = item.stats.cached_tokens if item.stats is not None else 0
                 usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
-                         "total_tokens": len(prompt_ids) + len(tokens)}
+                         "total_tokens": len(prompt_ids) + len(tokens),
+                         "prompt_tokens_details": {"cached_tokens": cached}}
                 spec_stats = speculation_dict(item.stats) if item.stats is not None else {}
                 yield Delta(item.text, item.finish_reason, usage, spec_stats)
                 return

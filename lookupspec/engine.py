@@ -44,6 +44,7 @@ from lookupspec.drafting.base import DraftSessions
 from lookupspec.drafting.policy import Draft, DraftPolicy
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.runtime import ModelRunner, PoolFull, SeqRows, use_runtime_attention
+from lookupspec.runtime.prefix_cache import PrefixCache
 from lookupspec.sampling import select_tokens
 from lookupspec.sequence import SequenceState, StepOutput, finish_tokens
 from lookupspec.stats import AggregateStats
@@ -66,7 +67,8 @@ class Engine:
     def __init__(self, model: Any, *, draft_model: Any | None = None, context_window: int | None = None,
                  spec: SpecParams | None = None, lookup: DraftSessions | None = None,
                  policy: BudgetPolicy | None = None, lean: bool = True, max_slots: int = 64,
-                 kv_cache_bytes: int | None = None, prefill_chunk: int | None = None) -> None:
+                 kv_cache_bytes: int | None = None, prefill_chunk: int | None = None,
+                 prefix_cache_bytes: int = 0) -> None:
         cfg = model.config.get_text_config(decoder=True)
         window = context_window or getattr(cfg, "max_position_embeddings", None) or 2048
         self.context_window = int(window)
@@ -90,6 +92,11 @@ class Engine:
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache_bytes > 0:
+            if prefill_chunk is None:
+                raise ValueError("the prefix cache keeps whole prefill chunks: it needs prefill_chunk")
+            self.prefix_cache = PrefixCache(self.runner.pool, prefill_chunk, prefix_cache_bytes)
 
     @property
     def lean(self) -> Any:
@@ -111,7 +118,7 @@ class Engine:
         return ids
 
     def start(self, prompt_ids: Sequence[int], params: GenerationParams, spec: SpecParams | None = None,
-              scope: LookupScope | None = None) -> SequenceState:
+              scope: LookupScope | None = None, namespace: str | None = None) -> SequenceState:
         """A new sequence with a KV slot (raises ValueError for a bad prompt, :class:`PoolFull` when
         no slot is free or the pool cannot hold the prompt). Nothing runs until :meth:`prefill`.
 
@@ -130,6 +137,12 @@ class Engine:
         except PoolFull:  # else room for the prompt and a step; it grows later or ends with "length"
             slot = self.runner.allocate(min(len(ids) + max_draft + 2, self.context_window))
         seq = SequenceState(ids, params, spec, sampling, slot, scope=scope, context=list(ids))
+        if self.prefix_cache is not None and namespace is not None:
+            seq.namespace = namespace
+            blocks = self.prefix_cache.lookup(namespace, ids)
+            if blocks:
+                seq.prefilled = seq.stats.cached_tokens = self.prefix_cache.load(slot, blocks)
+                seq.prefix_block = blocks[-1]
         if speculate:
             seq.session = self.lookup.session(seq.context, spec, scope)
             if self.draft_model is not None and "draft_model" in spec.sources:
@@ -189,7 +202,14 @@ class Engine:
             self._finish(seq, "length")
             return StepOutput((), "length", stats=seq.stats)
         seq.stats.prefill_s += time.perf_counter() - t0
-        seq.prefilled = end
+        start, seq.prefilled = seq.prefilled, end
+        chunk = self.prefill_chunk
+        if (self.prefix_cache is not None and seq.namespace is not None and chunk is not None
+                and end - start == chunk and start % chunk == 0):  # a whole chunk: keep it for later prompts
+            seq.prefix_block = self.prefix_cache.store(seq.namespace, seq.prefix_block, seq.prompt[start:end],
+                                                       seq.slot, start)
+            if seq.prefix_block is None:
+                seq.namespace = None  # not kept: nothing after it can be either
         if not seq.prefill_done:
             return None
         seq.prefill_logits = logits
@@ -326,12 +346,13 @@ class Engine:
 
     def generate(
         self, prompt_ids: Sequence[int], params: GenerationParams, spec: SpecParams | None = None,
-        scope: LookupScope | None = None,
+        scope: LookupScope | None = None, namespace: str | None = None,
     ) -> Generator[StepOutput, None, None]:
         """Yield one :class:`StepOutput` per target forward until EOS/stop id, max_tokens or the
         context window. ``spec`` controls speculation (default: the engine's); ``scope`` names the
-        corpus and output stores this request may draft from."""
-        seq = self.start(prompt_ids, params, spec, scope)
+        corpus and output stores this request may draft from; ``namespace`` enables the prefix cache
+        for this prompt (None: neither reused nor kept)."""
+        seq = self.start(prompt_ids, params, spec, scope, namespace)
         try:
             out = None
             while out is None:

@@ -7,9 +7,10 @@ here; the loop runs them together. Each iteration:
    freed within the iteration);
 2. admits waiting requests, oldest first, while slots allow (``max_batch`` sequences; a request with
    ``n`` choices needs ``n``) and the KV pool can hold them;
-3. prefills one chunk (``engine.prefill_chunk`` tokens, always at the same offsets, so a request's
-   tokens do not depend on the load) of the oldest request still prefilling; when its prompt is done,
-   its first token goes out and its other choices fork from its cache (one prefill for ``n`` choices);
+3. prefills up to ``engine.prefill_chunk`` tokens, oldest request first, in chunks at fixed offsets
+   (so a request's tokens do not depend on the load; several short prompts' last chunks can share an
+   iteration); when a prompt is done, its first token goes out and its other choices fork from its
+   cache (one prefill for ``n`` choices);
 4. runs one engine step for every running sequence, its rows capped by ``max_batch_tokens`` minus the
    prefill chunk (the drafting policy chooses the draft budget across the batch), and hands each
    sequence's output to its sink.
@@ -78,6 +79,7 @@ class Request:
     spec: SpecParams | None
     scope: LookupScope | None
     deadline: float | None  # time.perf_counter() after which it is abandoned
+    namespace: str | None = None  # prefix cache namespace
     submitted: float = field(default_factory=time.perf_counter)
     seqs: list[SequenceState] = field(default_factory=list)  # seqs[j]: choice j, once started
     open: list[bool] = field(default_factory=list)  # choice j still wants outputs
@@ -158,15 +160,17 @@ class Scheduler:
 
     def submit(self, prompt: Sequence[int], choices: Sequence[tuple[GenerationParams, Sink]],
                spec: SpecParams | None = None, scope: LookupScope | None = None,
-               deadline: float | None = None) -> Request:
+               deadline: float | None = None, namespace: str | None = None) -> Request:
         """Queue a prompt with one or more choices; returns the request (``cancel()`` it to stop).
-        Raises ValueError for a bad prompt, :class:`QueueFull` when too many wait."""
+        ``namespace``: the prefix cache's namespace for this prompt (None: not cached). Raises
+        ValueError for a bad prompt, :class:`QueueFull` when too many wait."""
         if not choices:
             raise ValueError("a request needs at least one choice")
         if len(choices) > self.max_batch:
             raise ValueError(f"{len(choices)} choices exceed max_batch={self.max_batch}")
         ids = self.engine.check_prompt(prompt)
-        req = Request(ids, tuple(p for p, _ in choices), tuple(s for _, s in choices), spec, scope, deadline)
+        req = Request(ids, tuple(p for p, _ in choices), tuple(s for _, s in choices), spec, scope, deadline,
+                      namespace)
         req.open = [True] * req.n
         with self._cond:
             if self._stopping:
@@ -283,7 +287,8 @@ class Scheduler:
         while self._waiting and self.running + self._waiting[0].n <= self.max_batch:
             req = self._waiting[0]
             try:
-                req.seqs.append(self.engine.start(req.prompt, req.params[0], req.spec, req.scope))
+                seq = self.engine.start(req.prompt, req.params[0], req.spec, req.scope, req.namespace)
+                req.seqs.append(seq)
             except PoolFull:
                 if self.running == 0:  # nothing will free a slot: this request can never run
                     self._waiting.popleft()
@@ -302,10 +307,24 @@ class Scheduler:
         return admitted
 
     def _prefill(self) -> int:
-        """One prefill chunk of the oldest prefilling request; returns the tokens prefilled."""
-        if not self._prefilling:
-            return 0
-        req = self._prefilling[0]
+        """Prefill chunks, oldest request first, up to ``prefill_chunk`` tokens in all (at least one
+        chunk); returns the tokens prefilled. Each request's chunks stay at their fixed offsets: a short
+        prompt's last chunk leaves room for the next request's chunk in the same iteration."""
+        chunk = self.engine.prefill_chunk
+        budget = chunk if chunk is not None else None
+        done = 0
+        while self._prefilling:
+            req = self._prefilling[0]
+            seq = req.seqs[0]
+            left = len(seq.prompt) - seq.prefilled
+            size = left if chunk is None else min(chunk, left)
+            if done and (budget is None or size > budget - done):
+                break
+            done += size
+            self._prefill_one(req)
+        return done
+
+    def _prefill_one(self, req: Request) -> None:
         seq = req.seqs[0]
         before = seq.prefilled
         t0 = time.perf_counter()
@@ -314,12 +333,12 @@ class Scheduler:
         except Exception as exc:
             self._prefilling.popleft()
             self._end(req, exc)
-            return 0
+            return
         self.stats.prefill_s += time.perf_counter() - t0
         self.stats.prefill_tokens += seq.prefilled - before
         self.stats.prefill_chunks += 1
         if first is None:
-            return max(seq.prefilled - before, 1)
+            return
         self._prefilling.popleft()
         outputs = [(0, first)]
         for j in range(1, req.n):  # the other choices share the prefill
@@ -333,7 +352,6 @@ class Scheduler:
             outputs.append((j, out))
         for j, out in outputs:
             self._deliver(req, j, out)
-        return max(seq.prefilled - before, 1)
 
     def _step(self, prefilled: int) -> bool:
         live = [(r, j) for r, j in self._running if r.seqs[j].running]

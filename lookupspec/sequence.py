@@ -21,6 +21,7 @@ from lookupspec.drafting.base import DraftSession
 from lookupspec.drafting.draft_model import DraftModelDrafter
 from lookupspec.drafting.policy import DraftInputs
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
+from lookupspec.runtime.prefix_cache import PrefixBlock
 from lookupspec.sampling import SamplingParams
 from lookupspec.stats import RequestStats
 
@@ -81,6 +82,8 @@ class SequenceState:
     finish_reason: str | None = None
     released: bool = False
     prefill_logits: torch.Tensor | None = None  # [vocab] the prompt's last row, kept for forks
+    namespace: str | None = None  # prefix-cache namespace (None: this prompt is not cached)
+    prefix_block: PrefixBlock | None = None  # the prefix cache's block of its last whole prefilled chunk
     stats: RequestStats = field(default_factory=RequestStats)
 
     @property

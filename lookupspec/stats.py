@@ -31,6 +31,7 @@ class RequestStats:
     draft_tokens_by_source: dict[str, int] = field(default_factory=dict)
     accepted_tokens_by_source: dict[str, int] = field(default_factory=dict)
     prefill_s: float = 0.0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (not prefilled)
     draft_s: float = 0.0
     verify_s: float = 0.0  # target forward + acceptance walk + KV bookkeeping
 
@@ -83,6 +84,7 @@ class RequestStats:
             "accepted_tokens_by_source": dict(self.accepted_tokens_by_source),
             "source_shares": {k: round(v, 4) for k, v in self.source_shares().items()},
             "prefill_s": round(self.prefill_s, 6),
+            "cached_tokens": self.cached_tokens,
             "draft_s": round(self.draft_s, 6),
             "verify_s": round(self.verify_s, 6),
         }
@@ -114,6 +116,7 @@ class AggregateStats:
                 for k, v in src.items():
                     dst[k] = dst.get(k, 0) + v
             t.prefill_s += r.prefill_s
+            t.cached_tokens += r.cached_tokens
             t.draft_s += r.draft_s
             t.verify_s += r.verify_s
 

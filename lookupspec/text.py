@@ -35,7 +35,7 @@ from lookupspec.stats import RequestStats
 
 __all__ = ["Completion", "TextChunk", "TextEngine", "TextFollower"]
 
-_ENGINE_OPTIONS = ("max_slots", "kv_cache_bytes", "prefill_chunk", "spec")
+_ENGINE_OPTIONS = ("max_slots", "kv_cache_bytes", "prefill_chunk", "prefix_cache_bytes", "spec")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ class TextEngine:
         1.5-3x faster decoding, same arithmetic up to summation order). ``lean_forward``: decode
         through :mod:`lookupspec.runtime.lean` where the model allows it (bit-identical, faster).
         Other keyword arguments go to :class:`~lookupspec.engine.Engine` when it takes them
-        (``max_slots``, ``kv_cache_bytes``, ``prefill_chunk``), else to ``load_model``."""
+        (``max_slots``, ``kv_cache_bytes``, ``prefill_chunk``, ``prefix_cache_bytes``), else to
+        ``load_model``."""
         engine_kwargs = {k: kwargs.pop(k) for k in _ENGINE_OPTIONS if k in kwargs}
         loaded = load_model(model, dtype=dtype, device=device, auto_pull=auto_pull, **kwargs)
         draft = None

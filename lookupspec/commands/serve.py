@@ -109,6 +109,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--prefill-chunk", type=_positive, default=_env("PREFILL_CHUNK", 128, int),
       help="prompt tokens prefilled per scheduler iteration, between decode steps, so running streams keep "
            "their inter-token latency while a long prompt is prefilled [env LOOKUPSPEC_PREFILL_CHUNK]")
+    a("--prefix-cache-mb", type=_non_negative, default=_env("PREFIX_CACHE_MB", 512, int),
+      help="memory for the prefix cache: the KV of recent prompts' whole prefill chunks, reused by prompts "
+           "of the same namespace that start alike (a shared system prompt, the same retrieved passages); "
+           "least recently used first out; 0 turns it off [env LOOKUPSPEC_PREFIX_CACHE_MB]")
+    a("--no-prefix-cache", dest="prefix_cache_mb", action="store_const", const=0,
+      help="turn the prefix cache off (same as --prefix-cache-mb 0)")
     a("--kv-cache-mb", type=_positive, default=_env("KV_CACHE_MB", None, int),
       help="memory for the KV cache, split evenly between the --max-batch slots; a request that outgrows "
            "its share ends with finish_reason length (unset: grow as needed) [env LOOKUPSPEC_KV_CACHE_MB]")
@@ -237,7 +243,8 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
         te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
                              packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
                              warmup=True, log=_say, max_slots=args.max_batch, kv_cache_bytes=kv_bytes,
-                             prefill_chunk=args.prefill_chunk)
+                             prefill_chunk=args.prefill_chunk,
+                             prefix_cache_bytes=args.prefix_cache_mb * 2**20)
         config = GatewayConfig(
             model_name=args.served_model_name or te.loaded.name, api_keys=keys, admin_key=args.admin_key,
             max_queue=args.max_queue, max_batch=args.max_batch, max_batch_tokens=args.max_batch_tokens,
@@ -252,7 +259,8 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
              f"per step, sources {','.join(spec.sources)}, draft model {args.draft_model or 'none'}; "
              f"packed linear {'on' if args.packed_linear else 'off'}, "
              f"lean forward {'on' if args.lean_forward else 'off'}; batches of up to {args.max_batch} "
-             f"sequences, prefill chunks of {args.prefill_chunk} tokens")
+             f"sequences, prefill chunks of {args.prefill_chunk} tokens, prefix cache "
+             + (f"{args.prefix_cache_mb} MiB" if args.prefix_cache_mb else "off"))
         replayed = store.start()
         backend = f"redis {args.redis_url}" if args.redis_url else f"embedded {args.data_dir}"
         synced = store.health().get("synced", True)

@@ -413,3 +413,37 @@ def test_32_concurrent_streaming_clients_get_no_5xx_and_every_429_has_retry_afte
         else:
             assert done
     assert server.health()["queue"] == {"waiting": 0, "running": 0, "max_queue": 4}
+
+
+# ---- prefix cache --------------------------------------------------------------------------------
+
+PASSAGES = ("Use only these passages.\n" + "\n".join(
+    f"Passage {i}: the with statement calls __enter__, binds its result, runs the block, then calls "
+    f"__exit__ with any exception; it may suppress it by returning true." for i in range(8)))
+
+
+def _ask(client: openai.OpenAI, question: str) -> tuple[str, int]:
+    r = client.chat.completions.create(model=MODEL, max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": PASSAGES}, {"role": "user", "content": question}])
+    return r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens
+
+
+def test_prompts_that_share_a_prefix_reuse_its_kv_within_their_namespace(
+        server: Gateway, oai: openai.OpenAI, text_engine) -> None:
+    def metric(name: str) -> float:
+        return server.metrics().get(f"lookupspec_prefix_cache_{name}_total", 0.0)
+
+    hits_before = metric("hit_tokens")
+    _, first = _ask(oai, "What does with call first?")
+    text, cached = _ask(oai, "Can the block's exception be suppressed?")
+    question = "Can the block's exception be suppressed?"
+    want = text_engine.complete(messages=[{"role": "system", "content": PASSAGES},
+                                          {"role": "user", "content": question}], max_tokens=12)
+    assert text == want.text  # served from the cached prefix: the same answer
+    prompt = len(text_engine.encode_prompt(messages=[{"role": "system", "content": PASSAGES},
+                                                     {"role": "user", "content": "x"}]))
+    assert cached >= 128 and cached % 128 == 0 and cached < prompt and first == 0
+    assert metric("hit_tokens") - hits_before == cached
+    beta = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_BETA, max_retries=0, timeout=120)
+    assert _ask(beta, question)[1] == 0  # alpha's prefix never leaks to beta
+    assert _ask(beta, "What does with call last?")[1] == cached  # beta now has its own

