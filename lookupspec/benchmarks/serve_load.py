@@ -167,15 +167,18 @@ def mode_label(mode: str) -> str:
 
 
 async def sweep(target: Target, settings: LoadSettings, prompts: Sequence[BenchPrompt],
-                count_tokens: Callable[[str], int] | None = None) -> list[dict[str, Any]]:
+                count_tokens: Callable[[str], int] | None = None,
+                transport: Any = None) -> list[dict[str, Any]]:
     """Warm up, then every pass of ``pass_order``; the passes with their summaries and responses.
-    Raises ``RuntimeError`` when a warm-up request fails (a wrong model name, a bad source ...)."""
+    Raises ``RuntimeError`` when a warm-up request fails (a wrong model name, a bad source ...).
+    ``transport``: an ``httpx`` transport instead of the network (tests)."""
     import httpx
 
     most = max(settings.levels) + 4
     limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
     async with httpx.AsyncClient(base_url=target.url, headers=dict(target.headers), limits=limits,
-                                 timeout=httpx.Timeout(settings.timeout_s, connect=30.0)) as http:
+                                 timeout=httpx.Timeout(settings.timeout_s, connect=30.0),
+                                 transport=transport) as http:
         for mode in settings.modes:
             warm = level_requests(prompts, settings.warmup, settings.warmup)[: settings.warmup]
             bodies = [request_body(target, settings, p, mode, min(WARMUP_MAX_TOKENS, settings.max_tokens))
