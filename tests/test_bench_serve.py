@@ -51,6 +51,8 @@ def test_token_gaps_split_an_event_of_k_tokens_into_k_gaps():
     assert token_gaps([0.0, 0.3, 0.4], [1, 3, 1]) == pytest.approx([0.1, 0.1, 0.1, 0.1])
     assert token_gaps([0.0, 0.2], [5, 0]) == pytest.approx([0.2])  # an event with text is >= 1 token
     assert token_gaps([1.0], [4]) == []  # the first event's wait is the TTFT
+    # events of one network read are one arrival: 3 tokens after 0.3 s, then 1 after 0.1 s
+    assert token_gaps([0.0, 0.3, 0.3, 0.4], [1, 1, 2, 1]) == pytest.approx([0.1, 0.1, 0.1, 0.1])
     with pytest.raises(ValueError):
         token_gaps([0.0, 1.0], [1])
 

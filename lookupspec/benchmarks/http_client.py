@@ -1,8 +1,9 @@
 """Timed streaming requests to an OpenAI-compatible server, for the HTTP benchmarks.
 
 ``stream_chat`` sends one request with ``"stream": true`` and records, per SSE event that carries text,
-its arrival time (``time.perf_counter``) and its text; plus the ``usage``, ``finish_reason`` and our
-server's ``speculation`` object when the server sends them. It works with any server that streams
+its arrival time (``time.perf_counter`` when the network read that completed it returned) and its
+text; plus the ``usage``, ``finish_reason`` and our server's ``speculation`` object when the server
+sends them. It works with any server that streams
 OpenAI's ``data: {json}`` events (lookupspec, ``transformers serve``, llama.cpp's ``llama-server``):
 lines that are not ``data:`` (comments, ``event:``, blank) are skipped, ``data: [DONE]`` ends the
 stream, and an ``{"error": ...}`` event (an object, as OpenAI and lookupspec send it, or a string,
@@ -13,14 +14,17 @@ Latency rules (shared by ``bench-gateway`` and ``bench-serve``):
 - **TTFT**: request sent to the first event whose text is non-empty (queueing included).
 - **Chunk gaps**: time between consecutive text events. A lookupspec step that emits several tokens
   arrives as one event, so this is the per-step latency.
-- **Token gaps** (``token_gaps``): an event carrying k tokens contributes k gaps of gap / k, the rule
-  the server's own ``lookupspec_inter_token_latency_seconds`` histogram follows. The first text event
-  contributes none (its wait is the TTFT).
+- **Token gaps** (``token_gaps``): an arrival carrying k tokens contributes k gaps of gap / k, the rule
+  the server's own ``lookupspec_inter_token_latency_seconds`` histogram follows. An arrival is one
+  network read: every event in it gets the read's time (a server that writes several one-token
+  events at once, as ``transformers serve`` does under load, delivers them as one arrival). The first
+  arrival contributes no gap (its wait is the TTFT).
 - **Percentiles**: nearest rank on the sorted values, index ``round(q / 100 * (n - 1))``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Sequence
@@ -43,13 +47,20 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def token_gaps(times: Sequence[float], tokens: Sequence[int]) -> list[float]:
     """Per-token gaps of one response from its text events' arrival ``times`` and token counts.
-    Example: times [0.0, 0.3, 0.4], tokens [1, 3, 1] -> [0.1, 0.1, 0.1, 0.1]."""
+    Events with the same time arrived in one network read and count as one arrival of their summed
+    tokens. Example: times [0.0, 0.3, 0.4], tokens [1, 3, 1] -> [0.1, 0.1, 0.1, 0.1]; so do times
+    [0.0, 0.3, 0.3, 0.4] with tokens [1, 1, 2, 1]."""
     if len(times) != len(tokens):
         raise ValueError(f"{len(times)} event times but {len(tokens)} token counts")
+    arrivals: list[tuple[float, int]] = []  # (time, tokens)
+    for t, k in zip(times, tokens, strict=True):
+        if arrivals and t == arrivals[-1][0]:
+            arrivals[-1] = (t, arrivals[-1][1] + max(1, k))
+        else:
+            arrivals.append((t, max(1, k)))
     gaps: list[float] = []
-    for i in range(1, len(times)):
-        k = max(1, tokens[i])
-        gaps.extend([(times[i] - times[i - 1]) / k] * k)
+    for (t0, _), (t1, n) in itertools.pairwise(arrivals):
+        gaps.extend([(t1 - t0) / n] * n)
     return gaps
 
 
@@ -136,12 +147,25 @@ async def stream_chat(http: Any, body: dict[str, Any],
             out.error = f"HTTP {r.status_code}: {(await r.aread())[:300].decode(errors='replace')}"
             out.finished = time.perf_counter()
             return out
-        async for line in r.aiter_lines():
-            now = time.perf_counter()
-            event = parse_sse_line(line)
-            if event is None:
-                continue
-            if event == DONE or (isinstance(event, dict) and not out.feed(event, now)):
+        buffer = ""
+        async for piece in r.aiter_text():
+            now = time.perf_counter()  # every event of one network read gets its arrival time
+            buffer += piece
+            *lines, buffer = buffer.split("\n")
+            if not _feed_lines(out, lines, now):
                 break
+        else:
+            _feed_lines(out, [buffer], time.perf_counter())
     out.finished = time.perf_counter()
     return out
+
+
+def _feed_lines(out: StreamedResponse, lines: Sequence[str], now: float) -> bool:
+    """False once the stream is over ([DONE] or an error event)."""
+    for line in lines:
+        event = parse_sse_line(line.rstrip("\r"))
+        if event is None:
+            continue
+        if event == DONE or (isinstance(event, dict) and not out.feed(event, now)):
+            return False
+    return True

@@ -17,12 +17,13 @@ and are not counted.
 
 Rules (the JSON's `rules` repeats them):
 - TTFT: request sent to the first SSE event with text, queueing included.
-- ITL: per-token gaps between consecutive text events; an event carrying k tokens contributes k gaps
-  of gap/k (the rule of the server's lookupspec_inter_token_latency_seconds). k is the number of
-  tokens the event's text encodes to with the model's tokenizer (--tokenizer; by default the served
-  model's, when it is a local model); without a tokenizer every event counts as one token, which is
-  exact for servers that stream one token per event. They are measured while the other streams'
-  prompts are being prefilled, as they arrive. Per-event gaps are in the JSON too.
+- ITL: per-token gaps between consecutive arrivals of text (an arrival: the SSE events of one network
+  read); an arrival carrying k tokens contributes k gaps of gap/k (the rule of the server's
+  lookupspec_inter_token_latency_seconds). An event's tokens are what its text encodes to with the
+  model's tokenizer (--tokenizer; by default the served model's, when it is a local model); without
+  a tokenizer every event counts as one token, which is exact for servers that stream one token per
+  event. They are measured while the other streams' prompts are being prefilled, as they arrive.
+  Per-event gaps are in the JSON too.
 - Acceptance length: summed (accepted + steps) over summed steps of the pass's responses, from the
   `speculation` object lookupspec adds to the final chunk (token-weighted, not a mean of means).
 - Decode throughput: delta of lookupspec_decode_tokens_total / delta of

@@ -21,8 +21,9 @@ __all__ = ["RULES", "count_differences", "markdown_tables", "plot_sweep", "respo
 
 RULES = {
     "ttft": "request sent to the first SSE event with text (queueing included)",
-    "itl": "gaps between consecutive text events of a response; an event carrying k tokens contributes k "
-           "gaps of gap/k (k from the tokenizer, 1 per event without one); the first event contributes none",
+    "itl": "gaps between consecutive arrivals of text in a response (an arrival: the events of one network "
+           "read); an arrival carrying k tokens contributes k gaps of gap/k (an event's tokens from the "
+           "tokenizer, 1 per event without one); the first arrival contributes none",
     "output_tokens_per_s": "summed completion tokens (usage; else the counted event tokens) / the pass's "
                            "wall time, first request sent to last response ended",
     "acceptance_length": "summed (accepted_tokens + steps) / summed steps over the pass's `speculation` "
