@@ -58,6 +58,8 @@ __all__ = ["PROMPT_SETS", "configure", "run"]
 
 PROMPT_SETS = {"default": DEFAULT_PROMPTS, "short": DEFAULT_PROMPTS.with_name("short_prompts.jsonl")}
 MODES = ("on", "off")
+_SERVE_FLAGS = ("--dtype", "--device", "--max-batch", "--max-batch-tokens", "--prefill-chunk",
+                "--kv-cache-mb", "--threads", "--serve-arg", "--server-log")
 
 
 def _levels(text: str) -> list[int]:
@@ -170,6 +172,12 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _kept_log() -> Path:
+    fd, name = tempfile.mkstemp(prefix="bench-serve-", suffix=".log")
+    os.close(fd)
+    return Path(name)
+
+
 def _missing_matplotlib(args: argparse.Namespace) -> str | None:
     if args.plot is None:
         return None
@@ -197,6 +205,10 @@ def run(args: argparse.Namespace) -> int:
     served = args.url is None
     if served:
         args.model = args.model or DEFAULT_MODEL
+    else:
+        ignored = [f for f in _SERVE_FLAGS if getattr(args, f[2:].replace("-", "_")) not in (None, [])]
+        if ignored:
+            _log(f"warning: {', '.join(ignored)} apply only to a server bench-serve starts itself (no --url)")
     try:
         count_tokens = _token_counter(args, served)
     except ModelLoadError as exc:
@@ -205,8 +217,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         server = None
         if served:
-            log_path = args.server_log or (args.json.with_suffix(".server.log") if args.json else
-                                           Path(tempfile.mkstemp(prefix="bench-serve-", suffix=".log")[1]))
+            log_path = args.server_log or (args.json.with_suffix(".server.log") if args.json else _kept_log())
             server = ServeProcess(args.model, Path(tmp) / "data", log_path, serve_args=_serve_args(args),
                                   threads=args.threads)
             _log(f"starting lookupspec serve on {server.url} (log: {log_path}) ...")
@@ -256,7 +267,7 @@ def _result(args: argparse.Namespace, target: Target, settings: LoadSettings, pr
             passes: list[dict[str, Any]], server: Any, status: int | None, tokenizer: bool) -> dict[str, Any]:
     from lookupspec.benchmarks.report import machine_info
 
-    reference = 1 if 1 in args.concurrency else min(args.concurrency)
+    reference = min(args.concurrency)  # 1 by default
     count_differences(passes, reference)
     return {
         "command": "bench-serve", "machine": machine_info(),
