@@ -220,9 +220,9 @@ def run(args: argparse.Namespace) -> int:
             log_path = args.server_log or (args.json.with_suffix(".server.log") if args.json else _kept_log())
             server = ServeProcess(args.model, Path(tmp) / "data", log_path, serve_args=_serve_args(args),
                                   threads=args.threads)
-            _log(f"starting lookupspec serve on {server.url} (log: {log_path}) ...")
-        try:
+        try:  # from here on, whatever happens (a closed stderr included), the server is stopped
             if server is not None:
+                _log(f"starting lookupspec serve on {server.url} (log: {server.log_path}) ...")
                 server.wait_ready()
             target, settings = _target(args, server)
             if target.lookupspec and count_tokens is None:
