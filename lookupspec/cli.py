@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-index": ("lookupspec.benchmarks.index", "lookup-store latency, build speed and memory benchmark"),
     "bench-kernels": ("lookupspec.benchmarks.kernels", "fused verification kernels vs torch twins (CUDA)"),
     "bench-gateway": ("lookupspec.benchmarks.gateway", "HTTP streaming vs in-process throughput and latency"),
+    "bench-serve": ("lookupspec.benchmarks.serve", "a server under closed-loop load: tok/s, TTFT, ITL"),
 }
 
 

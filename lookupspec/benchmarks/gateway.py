@@ -21,16 +21,15 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from lookupspec.benchmarks.http_client import percentile, stream_chat
+from lookupspec.benchmarks.server_process import ServeProcess
 from lookupspec.commands.common import add_model_arguments
 
 __all__ = ["configure", "run"]
@@ -61,20 +60,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
-
-
 def _lookup(spec: str) -> dict[str, Any]:
     if spec == "off":
         return {"enabled": False}
@@ -93,80 +78,17 @@ def _spec_params(spec: str) -> Any:
     return None
 
 
-class _Server:
-    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "lookupspec.cli", "serve", "--model", args.model, "--dtype", args.dtype,
-               "--device", args.device, "--port", str(self.port), "--data-dir", str(workdir / "data"),
-               "--max-queue", "256", "--log-level", "warning"]
-        self.log_path = workdir / "server.log"
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ)
-        if args.threads:
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env)
-
-    def wait_ready(self, timeout: float = 600.0) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"the server exited with status {self.proc.returncode}:\n{tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError("the server did not become ready")
-
-    def model_id(self) -> str:
-        import httpx
-
-        return httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
 async def _stream(http: Any, model: str, prompt: str, max_tokens: int,
                   lookup: dict[str, Any]) -> dict[str, Any]:
     """One streamed chat request: its timings and token count."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "lookup": lookup}
-    sent = time.perf_counter()
-    first: float | None = None
-    last = sent
-    gaps: list[float] = []
-    tokens = 0
-    async with http.stream("POST", "/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            now = time.perf_counter()
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                if first is None:
-                    first = now
-                else:
-                    gaps.append(now - last)
-                last = now
-    return {"ttft": (first or last) - sent, "gaps": gaps, "seconds": last - sent, "tokens": tokens}
+            "temperature": 0, "stream_options": {"include_usage": True}, "lookup": lookup}
+    r = await stream_chat(http, body)
+    if r.error is not None:
+        raise RuntimeError(r.error)
+    last = r.times[-1] if r.times else r.sent
+    return {"ttft": last - r.sent if r.ttft is None else r.ttft, "gaps": r.chunk_gaps,
+            "seconds": last - r.sent, "tokens": r.completion_tokens or 0}
 
 
 def _in_process(te: Any, prompt: str, max_tokens: int, spec: Any) -> dict[str, Any]:
@@ -179,7 +101,7 @@ def _in_process(te: Any, prompt: str, max_tokens: int, spec: Any) -> dict[str, A
     return {"seconds": time.perf_counter() - t0, "tokens": tokens}
 
 
-async def _throughput(te: Any, server: _Server, model: str, args: argparse.Namespace) -> dict[str, Any]:
+async def _throughput(te: Any, server: ServeProcess, model: str, args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
     lookup, spec = _lookup(args.spec), _spec_params(args.spec)
@@ -211,7 +133,8 @@ async def _throughput(te: Any, server: _Server, model: str, args: argparse.Names
             "same_token_counts": same_tokens, "rows": rows}
 
 
-async def _latency(server: _Server, model: str, args: argparse.Namespace, streams: int) -> dict[str, Any]:
+async def _latency(server: ServeProcess, model: str, args: argparse.Namespace,
+                   streams: int) -> dict[str, Any]:
     import httpx
 
     lookup = _lookup(args.spec)
@@ -231,8 +154,8 @@ async def _latency(server: _Server, model: str, args: argparse.Namespace, stream
     ttft = [r["ttft"] for r in results]
     gaps = [g for r in results for g in r["gaps"]]
     return {"streams": streams, "requests": len(results),
-            "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
-            "itl_p50_s": _pct(gaps, 50), "itl_p99_s": _pct(gaps, 99),
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99),
             "aggregate_tokens_per_s": sum(r["tokens"] for r in results) / wall}
 
 
@@ -277,7 +200,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
-        server = _Server(args, Path(tmp))
+        workdir = Path(tmp)
+        server = ServeProcess(args.model, workdir / "data", workdir / "server.log", threads=args.threads,
+                              serve_args=["--dtype", args.dtype, "--device", args.device,
+                                          "--max-queue", "256", "--log-level", "warning"])
         try:
             server.wait_ready()
             model = server.model_id()

@@ -1,0 +1,200 @@
+"""The closed loop of ``bench-serve``: which requests a level sends, in which order the passes run,
+what each request's body is, one timed pass, the sweep, and the /metrics scrapes around each pass.
+
+A *pass* is one concurrency level in one mode: ``on`` / ``off`` (lookupspec with speculation on or
+off) or ``server`` (another server, its own settings). Against lookupspec the two modes of a level
+run back to back, and their order flips from one level to the next (``pass_order``), so neither
+mode always runs first on a machine whose load drifts. They are separate passes, not requests mixed
+in one pass, because a mixed batch is neither mode's regime and the server's counters could not
+tell the modes apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from lookupspec.benchmarks.http_client import StreamedResponse, stream_chat
+from lookupspec.benchmarks.prompts import BenchPrompt
+from lookupspec.benchmarks.serve_report import response_record, summarize_pass
+
+__all__ = ["LoadSettings", "Target", "closed_loop", "level_requests", "parse_metrics", "pass_order",
+           "request_body", "sweep"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+WARMUP_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class Target:
+    """The server under test."""
+
+    url: str
+    model: str  # the `model` of every request
+    lookupspec: bool  # speculation on/off passes, `lookup` fields and /metrics
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    levels: tuple[int, ...]
+    modes: tuple[str, ...]  # "on", "off" for lookupspec; ("server",) otherwise
+    max_tokens: int = 128
+    requests: int | None = None  # per level; None: every prompt once, at least one per stream
+    sources: tuple[str, ...] | None = ("context",)  # lookup sources when on; None: the server's default
+    warmup: int = 2  # uncounted requests per mode, sent at once before the sweep
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if not self.levels or min(self.levels) < 1:
+            raise ValueError(f"concurrency levels must be >= 1, got {self.levels}")
+        if not self.modes:
+            raise ValueError("no modes to run")
+
+
+def level_requests(prompts: Sequence[BenchPrompt], level: int, requests: int | None) -> list[BenchPrompt]:
+    """The requests of one level: ``requests`` (default max(len(prompts), level)) prompts, cycled.
+    Example: prompts a b c at level 4 -> a b c a."""
+    n = requests if requests is not None else max(len(prompts), level)
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def pass_order(levels: Sequence[int], modes: Sequence[str]) -> list[tuple[int, str]]:
+    """(level, mode) passes in run order: the modes back to back per level, their order reversed at
+    every other level. Example: levels 1, 4 and modes on, off -> (1, on), (1, off), (4, off), (4, on)."""
+    out: list[tuple[int, str]] = []
+    for i, level in enumerate(levels):
+        out.extend((level, m) for m in (modes if i % 2 == 0 else list(reversed(modes))))
+    return out
+
+
+def request_body(target: Target, settings: LoadSettings, prompt: BenchPrompt, mode: str,
+                 max_tokens: int | None = None) -> dict[str, Any]:
+    """A greedy streamed chat request; lookupspec's ``lookup`` field only for lookupspec (other servers
+    may refuse unknown fields: ``transformers serve`` answers 422). ``extra_body`` goes last."""
+    body: dict[str, Any] = {"model": target.model, "messages": [dict(m) for m in prompt.messages],
+                            "max_tokens": max_tokens or settings.max_tokens, "temperature": 0,
+                            "stream_options": {"include_usage": True}}
+    if target.lookupspec and mode == "off":
+        body["lookup"] = {"enabled": False}
+    elif target.lookupspec and mode == "on":
+        body["lookup"] = {"enabled": True}
+        if settings.sources is not None:
+            body["lookup"]["sources"] = list(settings.sources)
+    return {**body, **settings.extra_body}
+
+
+async def closed_loop(items: Sequence[T], concurrency: int,
+                      send: Callable[[int, int, T], Awaitable[R]]) -> list[R]:
+    """Closed-loop load: ``concurrency`` clients share one iterator over ``items``; each awaits
+    ``send(client, index, item)`` and takes the next item as soon as it returns, until none is left.
+    Results come back in item order. Example: 2 clients, items a b c, a slow: client 0 sends a while
+    client 1 sends b, then c; a third request is never in flight."""
+    queue = iter(enumerate(items))
+    results: dict[int, R] = {}
+
+    async def client(c: int) -> None:
+        for i, item in queue:  # one iterator shared by all clients (one event loop: no lock needed)
+            results[i] = await send(c, i, item)
+
+    await asyncio.gather(*(client(c) for c in range(min(concurrency, len(items)))))
+    return [results[i] for i in range(len(items))]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text as ``{'name{labels}': value}`` (``_created`` samples dropped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        if name and not name.split("{", 1)[0].endswith("_created"):
+            out[name] = float(value)
+    return out
+
+
+async def _idle_metrics(http: Any, timeout: float = 30.0) -> dict[str, float]:
+    """/metrics once the server runs and queues nothing, so the counters include the last step."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = parse_metrics((await http.get("/metrics")).text)
+        busy = m.get("lookupspec_num_requests_running", 0) + m.get("lookupspec_num_requests_waiting", 0)
+        if not busy or time.monotonic() > deadline:
+            return m
+        await asyncio.sleep(0.05)
+
+
+async def _send(http: Any, body: dict[str, Any]) -> StreamedResponse:
+    import httpx
+
+    sent = time.perf_counter()
+    try:
+        return await stream_chat(http, body)
+    except httpx.HTTPError as exc:
+        return StreamedResponse(sent=sent, finished=time.perf_counter(), error=f"{type(exc).__name__}: {exc}")
+
+
+async def _run_pass(http: Any, target: Target, settings: LoadSettings, level: int, mode: str,
+                    prompts: Sequence[BenchPrompt],
+                    count_tokens: Callable[[str], int] | None) -> dict[str, Any]:
+    reqs = level_requests(prompts, level, settings.requests)
+    before = await _idle_metrics(http) if target.lookupspec else None
+    started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+
+    async def send(client: int, _: int, p: BenchPrompt) -> tuple[int, StreamedResponse]:
+        return client, await _send(http, request_body(target, settings, p, mode))
+
+    results = await closed_loop(reqs, level, send)
+    wall = max(r.finished or r.sent for _, r in results) - t0
+    after = await _idle_metrics(http) if target.lookupspec else None
+    delta = None if before is None or after is None else {k: v - before.get(k, 0.0) for k, v in after.items()}
+    records = [response_record(r, p, c, t0, count_tokens) for p, (c, r) in zip(reqs, results, strict=True)]
+    return {"level": level, "mode": mode, "started": started, "wall_s": round(wall, 4),
+            "summary": {"level": level, "mode": mode, **summarize_pass(records, wall, delta)},
+            "responses": records}
+
+
+def mode_label(mode: str) -> str:
+    return {"on": "speculation on", "off": "speculation off"}.get(mode, "server default")
+
+
+async def sweep(target: Target, settings: LoadSettings, prompts: Sequence[BenchPrompt],
+                count_tokens: Callable[[str], int] | None = None,
+                transport: Any = None) -> list[dict[str, Any]]:
+    """Warm up, then every pass of ``pass_order``; the passes with their summaries and responses.
+    Raises ``RuntimeError`` when a warm-up request fails (a wrong model name, a bad source ...).
+    ``transport``: an ``httpx`` transport instead of the network (tests)."""
+    import httpx
+
+    most = max(settings.levels) + 4
+    limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
+    async with httpx.AsyncClient(base_url=target.url, headers=dict(target.headers), limits=limits,
+                                 timeout=httpx.Timeout(settings.timeout_s, connect=30.0),
+                                 transport=transport) as http:
+        for mode in settings.modes:
+            warm = level_requests(prompts, settings.warmup, settings.warmup)[: settings.warmup]
+            bodies = [request_body(target, settings, p, mode, min(WARMUP_MAX_TOKENS, settings.max_tokens))
+                      for p in warm]
+            for r in await asyncio.gather(*(_send(http, b) for b in bodies)):
+                if r.error is not None:
+                    raise RuntimeError(f"warm-up request failed ({mode_label(mode)}): {r.error}")
+        passes = []
+        for level, mode in pass_order(settings.levels, settings.modes):
+            n = len(level_requests(prompts, level, settings.requests))
+            _log(f"concurrency {level}, {mode_label(mode)}: {n} requests ...")
+            passes.append(await _run_pass(http, target, settings, level, mode, prompts, count_tokens))
+            s = passes[-1]["summary"]
+            _log(f"  {s['output_tokens_per_s']:.1f} output tok/s, {s['errors']} errors, {s['wall_s']:.1f} s")
+    return passes
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
