@@ -126,7 +126,8 @@ def test_a_finished_request_reports_speculation_metrics_and_appends_its_output(m
     assert spec["acceptance_length"] == 2.0 and spec["accepted_per_position"] == [16]
     assert spec["source_shares"] == {"context": 1.0}
     prompt = len(text_engine.encode_prompt(prompt="hello"))  # counted once, although n=2
-    assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 16, "total_tokens": prompt + 16}
+    assert body["usage"] == {"prompt_tokens": prompt, "completion_tokens": 16, "total_tokens": prompt + 16,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     service.flush_outputs()
     outputs = service.store.state.outputs("default")
     assert [list(o) for o in outputs] == [list(range(65, 73))] * 2
