@@ -165,12 +165,37 @@ class Exploration:
     policy refused. The scores are calibrated by observed acceptance, and a source that is never
     verified never gets the evidence to recover (a bad first request would switch lookups off for
     good); ``nodes`` extra nodes in a forward cost a few percent of a step on the machines measured.
-    One per engine: the count runs across its requests."""
+    One per engine: the count runs across its requests, and across the sequences of a batch, which
+    share the calibration: a step explores at most one sequence (``adjust_batch``), so the rows it
+    adds do not grow with the batch."""
 
     def __init__(self, every: int = 8, nodes: int = 2) -> None:
         self.every = every
         self.nodes = nodes
         self._refused = 0
+        self._turn = 0  # which of a batch's refused sequences explores next (round robin)
+
+    def adjust_batch(self, keep: Sequence[int], available: Sequence[int]) -> list[int]:
+        """Node counts for one step: ``keep[i]`` the policy's choice for sequence i, ``available[i]`` its
+        lookup tree's nodes (0 for a sequence with no tree or drafting a draft-model chain). A step
+        that verifies some tree resets the count; a step that refuses every non-empty tree counts once,
+        and every ``every``-th such step one of them (in turn) verifies ``nodes`` nodes. With one
+        sequence this is ``adjust``."""
+        out = list(keep)
+        if any(k for k, a in zip(keep, available, strict=True) if a):
+            self._refused = 0
+            return out
+        refused = [i for i, a in enumerate(available) if a]
+        if not refused:
+            return out
+        self._refused += 1
+        if self._refused < self.every:
+            return out
+        self._refused = 0
+        i = refused[self._turn % len(refused)]
+        self._turn += 1
+        out[i] = min(available[i], self.nodes)
+        return out
 
     def adjust(self, k: int, available: int) -> int:
         """The node count to verify, given the policy's choice ``k`` out of ``available`` nodes."""

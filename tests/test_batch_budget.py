@@ -101,3 +101,49 @@ def test_a_row_budget_caps_the_step() -> None:
     scores = [np.array([0.9, 0.9, 0.9, 0.9])] * 4
     keep = DraftPolicy._allocate(scores, [1e-4] * 4, 0.03, 4, max_rows=10)
     assert sum(keep) + 4 <= 10
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4)), min_size=1, max_size=40))
+def test_batch_exploration_of_one_sequence_is_the_single_request_rule(steps) -> None:
+    from lookupspec.adaptive import Exploration
+
+    one, batch = Exploration(every=3, nodes=2), Exploration(every=3, nodes=2)
+    for keep, available in steps:
+        keep = min(keep, available)
+        assert batch.adjust_batch([keep], [available]) == [one.adjust(keep, available)]
+
+
+def test_a_refused_batch_explores_one_sequence_per_round_whatever_its_size() -> None:
+    """The exploration's extra rows do not grow with the batch: 8 refused sequences for 16 steps get
+    two explorations of 2 nodes (as one sequence would), on different sequences."""
+    from lookupspec.adaptive import Exploration
+
+    ex = Exploration(every=8, nodes=2)
+    explored = []
+    for _ in range(16):
+        out = ex.adjust_batch([0] * 8, [5] * 8)
+        explored += [(i, k) for i, k in enumerate(out) if k]
+    assert explored == [(0, 2), (1, 2)]
+    assert ex.adjust_batch([0, 3], [4, 4]) == [0, 3]  # a verified tree resets the count
+    assert [ex.adjust_batch([0, 0], [0, 1]) for _ in range(8)][-1] == [0, 1]  # never past a tree's size
+
+
+def test_a_tree_refused_whole_is_not_fed_back_as_rejected() -> None:
+    """Only verified nodes are evidence: a refused tree must not lower its sources' statistics."""
+    from lookupspec.drafting.policy import Draft
+
+    seen = []
+
+    class Session:
+        def feedback(self, tree, accepted):
+            seen.append((len(tree.score), list(accepted)))
+
+    class Tree:
+        score = np.array([0.9, 0.5])
+
+    policy = DraftPolicy()
+    policy.observe(Session(), Draft(draft_s=0.0, tree=Tree()), [])  # refused: zero nodes verified
+    assert seen == []
+    policy.observe(Session(), Draft([5, 6], [-1, 0], ["context"] * 2, tree=Tree()), [0])
+    assert seen == [(2, [0])]

@@ -127,7 +127,7 @@ class DraftPolicy:
         else:  # no cost measured yet, or a fixed budget: verify what was proposed
             keep = [k if k else len(scores[i]) for i, k in enumerate(chains)]
             keep = self._cap_rows(keep, b, max_rows)
-        ks = [k if chains[i] else self.exploration.adjust(k, len(scores[i])) for i, k in enumerate(keep)]
+        ks = self.exploration.adjust_batch(keep, [0 if chains[i] else len(scores[i]) for i in range(b)])
         ks = self._cap_rows(ks, b, max_rows)
         draft_s = (time.perf_counter() - t0) / max(b, 1)
         drafts = []
@@ -224,11 +224,13 @@ class DraftPolicy:
                      draft_s + chain.seconds)
 
     def observe(self, session: DraftSession | None, draft: Draft, accepted: Sequence[int]) -> None:
-        """Feed back one verified draft: ``accepted`` holds the indices of its accepted nodes."""
+        """Feed back one verified draft: ``accepted`` holds the indices of its accepted nodes. A tree
+        the policy refused whole was not verified: it says nothing about its sources (counting its
+        roots as rejected would lower their scores with no evidence, and refuse them more)."""
         n = len(draft)
-        if draft.tree is not None and session is not None:
+        if n and draft.tree is not None and session is not None:
             session.feedback(draft.tree, accepted)
-            if n and len(draft.tree.score) == n:  # the verified tree (not one refused whole)
+            if len(draft.tree.score) == n:
                 self.calibration.observe_path(np.asarray(draft.tree.score), accepted)
         if n and draft.from_draft_model:
             self.gate.observe(n, len(accepted))
