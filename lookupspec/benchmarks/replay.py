@@ -1,5 +1,5 @@
-"""Replay a bench run's greedy outputs through the drafters: acceptance length against draft budget,
-without running the model.
+"""Replay a bench run's greedy outputs through the drafters: acceptance length and estimated speedup
+against draft budget, one sequence at a time or in batches (--batch-sizes), without running the model.
 
 Greedy verification is deterministic: a draft tree's accepted path is its longest root path that
 spells the next tokens of the greedy output. So once ``lookupspec bench --json`` has recorded
