@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "summarize": ("lookupspec.commands.summarize", "summarize many documents (JSONL or a folder), resumably"),
     "pull": ("lookupspec.commands.pull", "fetch and convert a named default model into the local cache"),
     "bench": ("lookupspec.benchmarks.engine", "end-to-end decode benchmark against Hugging Face peers"),
-    "bench-replay": ("lookupspec.benchmarks.replay", "acceptance vs draft budget, replaying bench outputs"),
+    "bench-replay": ("lookupspec.benchmarks.replay", "draft budgets and batch policies on replayed outputs"),
     "bench-batch": ("lookupspec.benchmarks.batch", "step cost, throughput and exactness of batched decoding"),
     "bench-index": ("lookupspec.benchmarks.index", "lookup-store latency, build speed and memory benchmark"),
     "bench-kernels": ("lookupspec.benchmarks.kernels", "fused verification kernels vs torch twins (CUDA)"),

@@ -1,5 +1,5 @@
-"""Replay a bench run's greedy outputs through the drafters: acceptance length against draft budget,
-without running the model.
+"""Replay a bench run's greedy outputs through the drafters: acceptance length and estimated speedup
+against draft budget, one sequence at a time or in batches (--batch-sizes), without running the model.
 
 Greedy verification is deterministic: a draft tree's accepted path is its longest root path that
 spells the next tokens of the greedy output. So once ``lookupspec bench --json`` has recorded
@@ -11,7 +11,17 @@ from a table of forward seconds per input size, measured on the model (``--model
 acceptance length and the copy oracle. The budget rules: ``adaptive`` (the engine's policy) or a
 fixed node count N (verify the best N nodes whenever the tree has any).
 
+With ``--batch-sizes`` the outputs are replayed in batches instead
+(:mod:`lookupspec.benchmarks.replay_batch`): B sequences decode in lockstep under continuous
+batching, each step's draft nodes chosen across the batch by a policy (``--policies``: ``joint``, the
+engine's rule; ``fixed:N``; ``off-above:N``, plain decoding above N live sequences), each step's time
+estimated by a step-cost model fitted to steps measured on ``--model`` at ``--cost-contexts``, or
+read from ``--costs-from`` (a ``bench-batch --json`` file), or given (``--step-cost``, ms). It reports
+per batch size and policy the estimated aggregate tokens/s, the speedup over plain decoding at the
+same batch size, the acceptance length and the nodes verified per sequence per step.
+
 Example: lookupspec bench-replay --from out/bench.json --budgets adaptive,12,24
+Example: lookupspec bench-replay --from out/bench.json --batch-sizes 1,4,8,16,32 --json out/replay.json
 """
 
 from __future__ import annotations
@@ -27,11 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from lookupspec.commands.common import add_model_arguments
+from lookupspec.commands.common import add_model_arguments, positive_int
 
 __all__ = ["ReplayResult", "accepted_path", "configure", "replay_prompt", "run"]
 
 COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+DEFAULT_POLICIES = "joint,fixed:4,fixed:12,off-above:4,off-above:8"
 
 
 def accepted_path(tokens: Sequence[int], parents: Sequence[int], truth: Sequence[int]) -> list[int]:
@@ -128,43 +139,93 @@ def _measure_costs(loaded: Any, args: argparse.Namespace, context: int) -> np.nd
     return engine.cost_table(COST_SIZES[-1] + 2, ctx)
 
 
+def _ints(text: str) -> list[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="source", type=Path, required=True,
                         help="a `lookupspec bench --json` file (its hf-greedy rows are replayed)")
+    parser.add_argument("--limit", type=positive_int, default=None,
+                        help="replay the first N hf-greedy rows of the file (None: all)")
     parser.add_argument("--budgets", default="adaptive,12,24",
-                        help="comma-separated budget rules: adaptive and/or fixed node counts")
+                        help="one-sequence mode: comma-separated budget rules: adaptive and/or fixed "
+                             "node counts")
     parser.add_argument("--costs", default=None,
-                        help="forward milliseconds per input size, e.g. 1:46,8:49,16:65,32:99 "
-                             "(None: measured on --model at the median prompt length)")
+                        help="one-sequence mode: forward milliseconds per input size, e.g. "
+                             "1:46,8:49,16:65,32:99 (None: measured on --model at the median prompt length)")
+    batch = parser.add_argument_group(
+        "batched replay", "given --batch-sizes, replay B sequences in lockstep (continuous batching) per "
+                          "batch size and policy; times are step-cost model estimates")
+    batch.add_argument("--batch-sizes", type=_ints, default=None,
+                       help="comma-separated batch sizes, e.g. 1,4,8,16,32 (None: one-sequence mode)")
+    batch.add_argument("--policies", default=None,
+                       help="comma-separated, besides plain (always run, the reference): joint = the "
+                            "engine's rule, nodes kept across the batch while they pay for the time they "
+                            "add to the step; fixed:N = each sequence verifies its best N nodes; "
+                            "off-above:N = joint while at most N sequences are live, plain above "
+                            f"(None: {DEFAULT_POLICIES})")
+    batch.add_argument("--costs-from", type=Path, default=None,
+                       help="step costs from the \"cost\" rows of a `lookupspec bench-batch --json` file "
+                            "(one context: costs taken as independent of context) or of a batched "
+                            "`bench-replay --json` file (None: measured on --model)")
+    batch.add_argument("--step-cost", default=None,
+                       help="step-cost coefficients in ms instead, e.g. t0=20,t_seq=0.3,t_row=0.5,"
+                            "t_kv=0.2,t_att=0.02 (t_kv, t_att per thousand cached positions; missing: 0)")
+    batch.add_argument("--cost-contexts", type=_ints, default=[256, 1024],
+                       help="measuring: cached positions per sequence (two or more tell the context "
+                            "terms apart)")
+    batch.add_argument("--cost-rows", type=_ints, default=[1, 4, 8, 16], help="measuring: rows per sequence")
+    batch.add_argument("--cost-rounds", type=positive_int, default=5, help="measuring: interleaved rounds")
+    batch.add_argument("--json", type=Path, default=None, help="write the batched results here")
     add_model_arguments(parser)
+
+
+def _load_items(args: argparse.Namespace, tokenizer: Any, outputs: list[tuple[str, str, list[int]]],
+                prompts: dict[str, Any]) -> list[tuple[str, list[int], list[int]]]:
+    from lookupspec.models import render_chat
+
+    items = [(kind, render_chat(tokenizer, prompts[pid].messages), out) for pid, kind, out in outputs
+             if pid in prompts and len(out) >= 2]
+    return items[: args.limit] if args.limit else items
 
 
 def run(args: argparse.Namespace) -> int:
     from lookupspec.benchmarks.oracle import copy_oracle
     from lookupspec.benchmarks.prompts import load_prompts
-    from lookupspec.models import load_model, load_tokenizer, render_chat
+    from lookupspec.models import load_model, load_tokenizer
 
+    batched = args.batch_sizes is not None
     try:
         budgets = [None if b.strip() == "adaptive" else int(b) for b in args.budgets.split(",") if b.strip()]
         if any(b is not None and b < 1 for b in budgets) or not budgets:
             raise ValueError("budgets must be 'adaptive' or positive node counts")
+        _check_mode(args, batched)
         result = json.loads(args.source.read_text(encoding="utf-8"))
         prompts = {p.id: p for p in load_prompts(result["config"]["prompts"])}
         outputs = [(r["id"], r["kind"], r["tokens"]) for r in result["rows"] if r["system"] == "hf-greedy"]
         costs = _parse_costs(args.costs) if args.costs else None
+        policies = _policies(args.policies) if batched else []
+        batch_costs = _batch_costs(args) if batched else None
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     loaded = None  # the model is loaded only to measure costs; it brings its tokenizer
-    if costs is None:
+    if (costs is None and not batched) or (batched and batch_costs is None):
         loaded = load_model(args.model, dtype=args.dtype, device=args.device, auto_pull=True,
                             log=lambda m: print(m, file=sys.stderr))
     tokenizer = loaded.tokenizer if loaded is not None else load_tokenizer(args.model, auto_pull=True)
-    items = [(kind, render_chat(tokenizer, prompts[pid].messages), out) for pid, kind, out in outputs
-             if pid in prompts and len(out) >= 2]
+    items = _load_items(args, tokenizer, outputs, prompts)
     if not items:
         print("error: no hf-greedy rows with prompts to replay", file=sys.stderr)
         return 2
+    if batched:
+        from lookupspec.benchmarks.replay_report import run_batches
+
+        return run_batches(args, items, policies, batch_costs, loaded)
     if costs is None:
         costs = _measure_costs(loaded, args, int(statistics.median(len(p) for _, p, _ in items)))
     print("forward cost table (ms): " + ", ".join(f"{n}: {1000 * costs[n]:.1f}" for n in COST_SIZES))
@@ -185,3 +246,32 @@ def run(args: argparse.Namespace) -> int:
                   f"{al / orc:.0%} | {nodes:.1f} | {speed:.2f}x |")
     return 0
 
+
+def _check_mode(args: argparse.Namespace, batched: bool) -> None:
+    """Options of one mode given in the other are errors, not silently ignored."""
+    if batched and args.costs:
+        raise ValueError("--costs is a one-sequence cost table; batches take --costs-from or --step-cost")
+    if batched and args.costs_from and args.step_cost:
+        raise ValueError("give --costs-from or --step-cost, not both")
+    given = [name for name, value in (("--policies", args.policies), ("--costs-from", args.costs_from),
+                                      ("--step-cost", args.step_cost), ("--json", args.json)) if value]
+    if not batched and given:
+        raise ValueError(f"{', '.join(given)} need --batch-sizes (the batched replay)")
+
+
+def _policies(text: str | None) -> list[Any]:
+    from lookupspec.benchmarks.replay_batch import BatchPolicy
+
+    return [BatchPolicy.parse(p) for p in (text or DEFAULT_POLICIES).split(",") if p.strip()]
+
+
+def _batch_costs(args: argparse.Namespace) -> Any:
+    """The batched replay's (cost fit, samples) from --step-cost or --costs-from; None: measure them."""
+    from lookupspec.benchmarks.replay_costs import fit_coefficients, parse_coefficients, samples_from_json
+
+    if args.step_cost:
+        return parse_coefficients(args.step_cost), []
+    if args.costs_from:
+        samples = samples_from_json(json.loads(args.costs_from.read_text(encoding="utf-8")))
+        return fit_coefficients(samples), samples
+    return None
