@@ -4,18 +4,34 @@ Importing this package never imports triton: the dispatcher loads the Triton mod
 picks them (CUDA tensors, or an explicit override).
 """
 
-from .batch import BatchVerifyOutput, RequestBatch, VerifyMode, pack_requests
-from .dispatch import BACKEND_ENV, compact_cache, compact_kv, resolve_backend, tree_mask, verify_batch
+from .batch import BatchVerifyOutput, RequestBatch, StagedRequests, VerifyMode, pack_requests, stage_requests
+from .compact_plan import pool_table
+from .dispatch import (
+    BACKEND_ENV,
+    compact_cache,
+    compact_kv,
+    compact_pool,
+    resolve_backend,
+    tree_mask,
+    verify_batch,
+)
+from .staging import HostStage, Staged
 
 __all__ = [
     "BACKEND_ENV",
     "BatchVerifyOutput",
+    "HostStage",
     "RequestBatch",
+    "Staged",
+    "StagedRequests",
     "VerifyMode",
     "compact_cache",
     "compact_kv",
+    "compact_pool",
     "pack_requests",
+    "pool_table",
     "resolve_backend",
+    "stage_requests",
     "tree_mask",
     "verify_batch",
 ]

@@ -6,7 +6,9 @@ A batch is a flat list of draft trees. Request ``b`` owns logits rows
 of ``tokens`` / ``parents`` (parents are local to the request, -1 = the root). Example, two requests
 with 2 and 0 nodes: ``row_offsets = [0, 3, 4]``, rows 0-2 and 3, nodes 0-1 and none.
 
-:func:`pack_requests` builds these tensors from Python lists and ``SamplingParams``.
+:func:`pack_requests` builds these tensors from Python lists and ``SamplingParams`` with one
+host-to-device copy; :func:`stage_requests` adds them to a step's :class:`~.staging.HostStage`
+instead, so that they travel with the step's other inputs.
 """
 
 from __future__ import annotations
@@ -15,17 +17,24 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from lookupspec.sampling import SamplingParams
 from lookupspec.verify import NextKind, VerifyResult
 
+from .staging import HostStage, Staged
+
 __all__ = [
     "BatchVerifyOutput",
     "RequestBatch",
+    "StagedRequests",
     "VerifyMode",
+    "check_batch_parents",
+    "check_tree_parents",
     "check_verify_inputs",
     "pack_requests",
+    "stage_requests",
 ]
 
 
@@ -70,13 +79,62 @@ class RequestBatch(NamedTuple):
     max_nodes: int
 
 
-def pack_requests(
+def check_tree_parents(parents: Sequence[int] | np.ndarray, num_nodes: int | None = None) -> None:
+    """Host check of one draft tree's parents, before any kernel walks them: every parent is -1 (the
+    root) or an earlier node (``-1 <= parents[i] < i``), so the tree has no cycle and no node is
+    deeper than its index; and there is one parent per node (``num_nodes``). A malformed array would
+    otherwise send the kernels' ancestor walks out of the tree. Raises ValueError.
+
+    Example: [-1, 0, 0, 2] is a tree (depths 1, 2, 2, 3); [-1, 2, 1] (a cycle) and [0] are not."""
+    par = np.asarray(parents, dtype=np.int64).reshape(-1)
+    if num_nodes is not None and par.size != num_nodes:
+        raise ValueError(f"a tree of {num_nodes} nodes needs {num_nodes} parents, got {par.size}")
+    bad = np.flatnonzero((par < -1) | (par >= np.arange(par.size)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"malformed draft tree: parents[{i}] = {int(par[i])}; a parent must be -1 (the "
+                         f"root) or an earlier node (< {i})")
+
+
+def check_batch_parents(parents: torch.Tensor, row_offsets: torch.Tensor, max_nodes: int) -> None:
+    """:func:`check_tree_parents` for every request of a batch whose layout lives on the host (CPU
+    tensors; checking device tensors would synchronise, so the engine checks its lists before packing
+    and the kernels bound their walks by the tree size instead)."""
+    if parents.device.type != "cpu" or row_offsets.device.type != "cpu":
+        return
+    par = parents.numpy().astype(np.int64)
+    off = row_offsets.numpy().astype(np.int64)
+    if off.size < 1 or off[0] != 0 or np.any(np.diff(off) < 1) or off[-1] - (off.size - 1) != par.size:
+        raise ValueError(f"row_offsets {off.tolist()} do not describe {par.size} nodes (one root row per "
+                         "request, increasing)")
+    for b in range(off.size - 1):
+        n = int(off[b + 1] - off[b] - 1)
+        if n > max_nodes:
+            raise ValueError(f"request {b} has {n} nodes, more than max_nodes = {max_nodes}")
+        start = int(off[b] - b)
+        check_tree_parents(par[start:start + n], n)
+
+
+class StagedRequests(NamedTuple):
+    """:func:`stage_requests`' pieces; :meth:`batch` once the stage is uploaded."""
+
+    pieces: tuple[Staged, ...]  # the RequestBatch tensors in field order, max_nodes excluded
+    max_nodes: int
+
+    def batch(self) -> RequestBatch:
+        tok, par, off, temp, top_k, top_p, seed, root = (p.tensor for p in self.pieces)
+        return RequestBatch(tok, par, off, temp, top_k, top_p, seed, root, self.max_nodes)
+
+
+def stage_requests(
     trees: Sequence[tuple[Sequence[int], Sequence[int]]],  # per request: (tokens, parents)
     params: Sequence[SamplingParams],
     root_positions: Sequence[int],
-    device: torch.device | str = "cpu",
-) -> RequestBatch:
-    """Flatten per-request draft trees and sampling parameters into the batched layout.
+    stage: HostStage,
+) -> StagedRequests:
+    """Flatten per-request draft trees and sampling parameters into the batched layout, as pieces of
+    ``stage`` (moved to the device with the rest of the step's inputs). Checks every tree's parents
+    (:func:`check_tree_parents`).
 
     Greedy requests get temperature 0 so that every implementation agrees on which rows are greedy."""
     if not len(trees) == len(params) == len(root_positions):
@@ -87,27 +145,38 @@ def pack_requests(
     for tree_tokens, tree_parents in trees:
         if len(tree_tokens) != len(tree_parents):
             raise ValueError("each tree needs as many parents as tokens")
+        check_tree_parents(tree_parents, len(tree_tokens))
         toks.extend(int(t) for t in tree_tokens)
         pars.extend(int(p) for p in tree_parents)
         offsets.append(offsets[-1] + len(tree_tokens) + 1)
     for p in params:
         if not p.greedy and p.seed is None:
             raise ValueError("sampling needs a concrete seed: call SamplingParams.with_seed() first")
-
-    def t(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)
-
-    return RequestBatch(
-        tokens=t(toks, torch.int32),  # int32: what the kernels read, so no conversion per step
-        parents=t(pars, torch.int32),
-        row_offsets=t(offsets, torch.int32),
-        temperature=t([0.0 if p.greedy else p.temperature for p in params], torch.float32),
-        top_k=t([p.top_k for p in params], torch.int32),
-        top_p=t([p.top_p for p in params], torch.float32),
-        seed=t([0 if p.seed is None else p.seed for p in params], torch.int64),
-        root_position=t([int(r) for r in root_positions], torch.int64),
-        max_nodes=max((len(tr[0]) for tr in trees), default=0),
+    pieces = (
+        stage.add(np.asarray(toks, np.int32), torch.int32),  # int32: what the kernels read
+        stage.add(np.asarray(pars, np.int32), torch.int32),
+        stage.add(np.asarray(offsets, np.int32), torch.int32),
+        stage.add(np.asarray([0.0 if p.greedy else p.temperature for p in params], np.float32),
+                  torch.float32),
+        stage.add(np.asarray([p.top_k for p in params], np.int32), torch.int32),
+        stage.add(np.asarray([p.top_p for p in params], np.float32), torch.float32),
+        stage.add(np.asarray([0 if p.seed is None else p.seed for p in params], np.int64), torch.int64),
+        stage.add(np.asarray([int(r) for r in root_positions], np.int64), torch.int64),
     )
+    return StagedRequests(pieces, max((len(tr[0]) for tr in trees), default=0))
+
+
+def pack_requests(
+    trees: Sequence[tuple[Sequence[int], Sequence[int]]],  # per request: (tokens, parents)
+    params: Sequence[SamplingParams],
+    root_positions: Sequence[int],
+    device: torch.device | str = "cpu",
+) -> RequestBatch:
+    """:func:`stage_requests` on a stage of its own, moved to ``device`` in one copy."""
+    stage = HostStage(device)
+    staged = stage_requests(trees, params, root_positions, stage)
+    stage.upload()
+    return staged.batch()
 
 
 def check_verify_inputs(

@@ -27,14 +27,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 
 from . import reference
-from .batch import BatchVerifyOutput, VerifyMode
+from .batch import BatchVerifyOutput, VerifyMode, check_batch_parents, check_tree_parents
 
-__all__ = ["BACKEND_ENV", "compact_cache", "compact_kv", "resolve_backend", "tree_mask", "verify_batch"]
+__all__ = ["BACKEND_ENV", "compact_cache", "compact_kv", "compact_pool", "resolve_backend", "tree_mask",
+           "verify_batch"]
 
 BACKEND_ENV = "LOOKUPSPEC_KERNELS"
 Backend = Literal["triton", "torch"]
@@ -57,7 +59,7 @@ def resolve_backend(device: torch.device | str, backend: str | None = None) -> B
 
 
 _TRITON_MODULES = {"verify_batch": "verify_triton", "tree_mask": "mask_triton",
-                   "compact_kv": "compact_triton"}
+                   "compact_kv": "compact_triton", "compact_pool": "compact_triton"}
 
 
 def _impl(name: str, device: torch.device | str, backend: str | None) -> Any:
@@ -82,8 +84,16 @@ def verify_batch(
     max_nodes: int,
     draft_probs: torch.Tensor | None = None,  # [num_nodes, vocab] (rejection)
     backend: str | None = None,
+    checked: bool = False,
 ) -> BatchVerifyOutput:
-    """Verify a batch of draft trees: see ``reference.verify_batch`` (layout in kernels/batch.py)."""
+    """Verify a batch of draft trees: see ``reference.verify_batch`` (layout in kernels/batch.py).
+
+    Parents and row offsets on the host are checked first (:func:`~.batch.check_batch_parents`,
+    ValueError); ``checked=True`` says the caller already checked them before packing (the engine's
+    :func:`~.batch.stage_requests` does). Device tensors are not read back to be checked: the
+    kernels bound every walk by the tree size, so a malformed array gives wrong tokens, never a hang."""
+    if not checked:
+        check_batch_parents(parents, row_offsets, max_nodes)
     fn = _impl("verify_batch", logits.device, backend)
     return fn(logits, tokens, parents, row_offsets, temperature, top_k, top_p, seed, root_position,
               mode=mode, max_nodes=max_nodes, draft_probs=draft_probs)
@@ -96,7 +106,10 @@ def tree_mask(
     *,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Additive mask [1, 1, n, prefix_len + n] and position ids [1, n]: see ``reference.tree_mask``."""
+    """Additive mask [1, 1, n, prefix_len + n] and position ids [1, n]: see ``reference.tree_mask``.
+    Host parents are checked first (:func:`~.batch.check_tree_parents`, ValueError)."""
+    if parents.device.type == "cpu":
+        check_tree_parents(parents.numpy(), parents.numel())
     return _impl("tree_mask", parents.device, backend)(parents, prefix_len, dtype)
 
 
@@ -110,6 +123,23 @@ def compact_kv(
 ) -> None:
     """Keep the accepted path's KV entries at ``base ...``: see ``reference.compact_kv``."""
     _impl("compact_kv", kv.device, backend)(kv, accepted, num_accepted, base)
+
+
+def compact_pool(
+    tensors: Sequence[torch.Tensor],  # a slot pool's [rows, slots, kv_heads, capacity, dim] tensors
+    tensor_groups: Sequence[int],  # group of each tensor
+    table: torch.Tensor,  # [R, COLS] int64 (compact_plan.pool_table)
+    slots: torch.Tensor,  # [B] int64
+    base: torch.Tensor,  # [B, G] int64
+    accepted: torch.Tensor,  # [B, M]
+    num_accepted: torch.Tensor,  # [B]
+    *,
+    backend: str | None = None,
+) -> None:
+    """Compact every layer's keys and values of a slot pool after a tree step, one launch on the
+    GPU: see ``reference.compact_pool`` and :mod:`.compact_plan`."""
+    _impl("compact_pool", accepted.device, backend)(tensors, tensor_groups, table, slots, base, accepted,
+                                                    num_accepted)
 
 
 def compact_cache(

@@ -11,10 +11,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .variants import launch
+
 __all__ = ["tree_mask"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "prefix"])  # per-step sizes: one compiled variant per BLOCK_N
 def _tree_mask_kernel(
     parents_ptr,  # [n] int32
     mask_ptr,  # [n, prefix + n] model dtype
@@ -28,7 +30,9 @@ def _tree_mask_kernel(
     visible = idx == i
     depth = i * 0
     cur = tl.load(parents_ptr + i)
-    while cur >= 0:
+    # A tree has at most n ancestors per node and every parent in [-1, i): the walk stops there even
+    # for a malformed array (the dispatcher checks host arrays; a cycle must not hang the GPU).
+    while (cur >= 0) & (cur < i) & (depth < n):
         visible = visible | (idx == cur)
         depth += 1
         cur = tl.sum(tl.where(idx == cur, par, 0), axis=0)
@@ -56,7 +60,7 @@ def tree_mask(
     positions = torch.empty((1, n), dtype=torch.int64, device=dev)
     if n == 0:
         return mask, positions
-    _tree_mask_kernel[(n,)](
+    launch(_tree_mask_kernel, (n,),
         parents.to(torch.int32), mask, positions, n, prefix_len, torch.finfo(dtype).min,
         BLOCK_N=triton.next_power_of_2(n), BLOCK_C=1024 if dev.type == "cuda" else 64,
         num_warps=4 if dev.type == "cuda" else 1, enable_fp_fusion=False,

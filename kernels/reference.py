@@ -11,6 +11,7 @@ vocabulary sorts when no request uses top-k or top-p (free on the CPU, where the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -26,7 +27,7 @@ from lookupspec.sampling import (
 
 from .batch import BatchVerifyOutput, VerifyMode, check_verify_inputs
 
-__all__ = ["compact_kv", "process_rows", "tree_mask", "verify_batch"]
+__all__ = ["compact_kv", "compact_pool", "process_rows", "tree_mask", "verify_batch"]
 
 
 def process_rows(
@@ -264,3 +265,30 @@ def compact_kv(
     src = torch.where(moved, base_t + torch.gather(acc, 1, jd.clamp(0, m - 1)), dst)
     vals = torch.gather(kv, 2, src[:, None, :, None].expand(b, h, m, d))
     kv.scatter_(2, dst[:, None, :, None].expand(b, h, m, d), vals)
+
+
+def compact_pool(
+    tensors: Sequence[torch.Tensor],  # the pool's [rows, slots, kv_heads, capacity, dim] tensors
+    tensor_groups: Sequence[int],  # group of each tensor (the column of `base` it uses)
+    table: torch.Tensor,  # [R, COLS] int64 row table (read by the Triton kernel only)
+    slots: torch.Tensor,  # [B] int64
+    base: torch.Tensor,  # [B, G] int64 entry of draft node 0 of each sequence in each group
+    accepted: torch.Tensor,  # [B, M] accepted node indices, -1 padded
+    num_accepted: torch.Tensor,  # [B]
+) -> None:
+    """:func:`compact_kv` over every row of every pool tensor, for the step's slots (the other slots
+    get ``num_accepted = 0``: nothing moves). Works on the tensors themselves, not the row table."""
+    b, m = accepted.shape
+    if m == 0 or b == 0:
+        return
+    for t, g in zip(tensors, tensor_groups, strict=True):
+        rows, n_slots = t.shape[0], t.shape[1]
+        dev = t.device
+        acc = torch.full((n_slots, m), -1, dtype=torch.int64, device=dev)
+        num = torch.zeros(n_slots, dtype=torch.int64, device=dev)
+        start = torch.zeros(n_slots, dtype=torch.int64, device=dev)
+        acc[slots] = accepted.to(torch.int64)
+        num[slots] = num_accepted.to(torch.int64)
+        start[slots] = base[:, g]
+        compact_kv(t.view(rows * n_slots, *t.shape[2:]), acc.repeat(rows, 1), num.repeat(rows),
+                   start.repeat(rows))

@@ -37,6 +37,7 @@ from triton.language.extra import libdevice
 from lookupspec.sampling import GREEDY_EPS
 
 from .batch import BatchVerifyOutput, VerifyMode, check_verify_inputs
+from .variants import launch
 
 __all__ = ["verify_batch"]
 
@@ -50,6 +51,7 @@ _INTERPRET = bool(triton.knobs.runtime.interpret)
 # so it takes wide blocks and 8-bit digits (half the passes). RADIX_BITS must divide 32.
 GPU_CONFIG = (1024, 256, 4, 4)
 INTERPRETER_CONFIG = (128, 128, 8, 1)
+BLOCK_B = 64  # requests scanned per pass when a row looks for its request (fixed: no variant per batch)
 
 
 def _device_fn(fn):
@@ -275,7 +277,9 @@ def _recover_row(row_ptr, q_ptr, V, s, tau, mx, denom, key_r, RECIP: tl.constexp
 # --- the kernels -------------------------------------------------------------------------------------
 
 
-@triton.jit
+# Per-step sizes are not specialised on (Triton would compile a variant for B == 1, B % 16 == 0, ...):
+# the compiled variants are the constexpr modes and block sizes only, which the warm-up runs.
+@triton.jit(do_not_specialize=["B"])
 def _verify_rows_kernel(
     logits_ptr, stride_l,  # [R, V]
     tokens_ptr, parents_ptr,  # [N] int32
@@ -286,17 +290,18 @@ def _verify_rows_kernel(
     accept_ptr,  # [N] int8 out (rejection)
     V, B,
     MODE: tl.constexpr, RECIP: tl.constexpr, PRECISE: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, RADIX_BLOCK: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK_B: tl.constexpr, RADIX_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
 ):
     r = tl.program_id(0)
     row_ptr = logits_ptr + r.to(tl.int64) * stride_l
     if MODE == 0:
         tl.store(row_token_ptr + r, _argmax_raw(row_ptr, V, BLOCK_V))
     else:
-        ob = tl.arange(0, BLOCK_B)
-        ends = tl.load(row_off_ptr + 1 + ob, mask=ob < B, other=2147483647)
-        b = tl.sum((ends <= r).to(tl.int32), axis=0)  # request of this row
+        b = r * 0  # request of this row: the number of requests that end at or before it
+        for start in range(0, B, BLOCK_B):
+            ob = start + tl.arange(0, BLOCK_B)
+            ends = tl.load(row_off_ptr + 1 + ob, mask=ob < B, other=2147483647)
+            b += tl.sum((ends <= r).to(tl.int32), axis=0)
         r0 = tl.load(row_off_ptr + b)
         n = tl.load(row_off_ptr + b + 1) - r0 - 1
         lr = r - r0  # 0 = root row
@@ -316,14 +321,14 @@ def _verify_rows_kernel(
             top_p = tl.load(topp_ptr + b)
             seed = tl.load(seed_ptr + b)
             if MODE == 1:
-                # depth of this row's node: climb the parents, gathered from registers
-                idx = tl.arange(0, BLOCK_N)
-                par = tl.load(parents_ptr + nbase + idx, mask=idx < n, other=-1)
+                # depth of this row's node: climb the parents (a few cached scalar loads). At most n
+                # steps, each to an earlier node, whatever the array holds: no hang on a cycle.
                 depth = lr * 0
                 cur = lr - 1
-                while cur >= 0:
+                while (cur >= 0) & (cur < n) & (depth < n):
                     depth += 1
-                    cur = tl.sum(tl.where(idx == cur, par, 0), axis=0)
+                    nxt = tl.load(parents_ptr + nbase + cur)
+                    cur = tl.where(nxt < cur, nxt, -1)
             else:
                 depth = lr  # chains
             pos = tl.load(root_ptr + b) + depth + 1  # the position this row predicts
@@ -357,7 +362,7 @@ def _verify_rows_kernel(
                              _sample_row(row_ptr, V, s, key0, tau, RECIP, PRECISE, BLOCK_V))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_nodes"])
 def _walk_kernel(
     tokens_ptr, parents_ptr,  # [N] int32
     row_off_ptr,  # [B + 1] int32
@@ -374,11 +379,13 @@ def _walk_kernel(
     idx = tl.arange(0, BLOCK_N)
     valid = idx < n
     par = tl.load(parents_ptr + nbase + idx, mask=valid, other=-2)
+    par = tl.where((par >= -1) & (par < idx), par, -2)  # a malformed parent: the node hangs nowhere
     if MODE == 2:
         acc = valid & (tl.load(accept_ptr + nbase + idx, mask=valid, other=0) != 0)
     else:
         tok = tl.load(tokens_ptr + nbase + idx, mask=valid, other=-1)
-        want = tl.load(row_token_ptr + r0 + 1 + par, mask=valid, other=-2)  # parent row's target
+        # the parent row's target
+        want = tl.load(row_token_ptr + r0 + 1 + par, mask=valid & (par >= -1), other=-2)
         acc = valid & (tok == want)
     cur = n * 0 - 1
     count = n * 0
@@ -450,12 +457,12 @@ def verify_batch(
         q = q.contiguous()
     block_v, radix_block, radix_bits, warps = GPU_CONFIG if on_gpu else INTERPRETER_CONFIG
     block_n = triton.next_power_of_2(max(max_nodes, 1))
-    _verify_rows_kernel[(num_rows,)](
+    launch(_verify_rows_kernel, (num_rows,),
         logits, logits.stride(0), tok32, par32, off32,
         temp, tk, tp, sd, rp,
         q, q.stride(0), row_token, accept, vocab, batch,
         MODE=_MODES[mode], RECIP=dev.type == "cuda", PRECISE=on_gpu,
-        BLOCK_V=block_v, BLOCK_B=triton.next_power_of_2(batch), BLOCK_N=block_n,
+        BLOCK_V=block_v, BLOCK_B=BLOCK_B,
         RADIX_BLOCK=radix_block, RADIX_BITS=radix_bits, num_warps=warps,
         enable_fp_fusion=False, enable_reflect_ftz=False,  # torch's CUDA math: no FMA contraction, no FTZ
     )
@@ -463,7 +470,7 @@ def verify_batch(
     num = torch.empty(batch, dtype=torch.int64, device=dev)
     nxt = torch.empty(batch, dtype=torch.int64, device=dev)
     rec = torch.empty(batch, dtype=torch.int8, device=dev)
-    _walk_kernel[(batch,)](
+    launch(_walk_kernel, (batch,),
         tok32, par32, off32, row_token, accept, path, num, nxt, rec, max_nodes,
         MODE=_MODES[mode], BLOCK_N=block_n, num_warps=1 if block_n <= 32 else 2, enable_fp_fusion=False,
     )

@@ -13,9 +13,10 @@ in ``lookupspec.verify``):
    nothing); all rows (root + draft nodes of every sequence) go through one ragged target forward
    (:class:`~lookupspec.runtime.ModelRunner`), each sequence attending only to its own cache with its
    own tree mask; ``kernels.verify_batch`` verifies every tree (one call per verification mode in the
-   batch); the step reads the results with one device-to-host copy; the KV entries of rejected nodes
-   are dropped (the accepted path compacted next to the root in one launch per pool tensor, then each
-   slot truncated to ``L + 1 + accepted``).
+   batch); the KV entries of rejected nodes are dropped (the accepted path compacted next to the root
+   in one launch for every layer's keys and values, then each slot truncated to ``L + 1 + accepted``).
+   Everything the step sends to the device travels in one host-to-device copy (a
+   ``kernels.HostStage``), and it reads its results back with one device-to-host copy.
 3. A sequence's accepted tokens and its recovered/bonus token are cut at EOS / stop ids / max_tokens
    exactly as the plain loop would cut them and returned as a :class:`~lookupspec.sequence.StepOutput`;
    a finished sequence frees its slot at once.
@@ -45,7 +46,7 @@ from lookupspec.drafting.policy import Draft, DraftPolicy
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.runtime import ModelRunner, PoolFull, SeqRows, use_runtime_attention
 from lookupspec.runtime.prefix_cache import PrefixCache
-from lookupspec.sampling import select_tokens
+from lookupspec.sampling import SamplingParams, select_tokens
 from lookupspec.sequence import SequenceState, StepOutput, finish_tokens
 from lookupspec.stats import AggregateStats
 from lookupspec.verify import VerifyResult
@@ -268,25 +269,41 @@ class Engine:
 
     def _run(self, seqs: Sequence[SequenceState], drafts: list[Draft], run: list[int],
              outputs: dict[int, StepOutput]) -> None:
+        """The step's device work, with one host-to-device copy of all its inputs (the ragged batch,
+        every verification group's layout, the KV compaction plan: one :class:`kernels.HostStage`)
+        and one device-to-host read of all its results."""
         # rows grouped by verification rule, so that each group's logits rows are contiguous
         rejection = [i for i in run if drafts[i].probs is not None]
         order = [i for i in run if drafts[i].probs is None] + rejection
+        split = len(order) - len(rejection)
         t0 = time.perf_counter()
+        stage = kernels.HostStage(self.device)
         rows = []
         for i in order:
             d = drafts[i]
             parents = None if d.is_chain else [-1, *[p + 1 for p in d.parents]]
             rows.append(SeqRows(seqs[i].slot, [seqs[i].root, *d.tokens], parents))
-        logits = self.runner.forward(rows)  # [rows, vocab]
-        results, accepted_t, num_t = self._verify(seqs, drafts, order, len(order) - len(rejection), logits)
-        # KV: the root and the accepted path stay, the accepted path moved next to the root
-        compact = [j for j, i in enumerate(order)
-                   if results[j].accepted != tuple(range(results[j].num_accepted)) and not drafts[i].is_chain]
-        if compact:
-            idx = torch.tensor(compact, device=accepted_t.device)
-            width = max(results[j].num_accepted for j in compact)
-            self.runner.pool.compact([seqs[order[j]].slot for j in compact], accepted_t[idx, :width],
-                                     num_t[idx], [seqs[order[j]].cache_len + 1 for j in compact])
+        batch = self.runner.plan(rows, stage)
+        groups = []
+        for rejection_group, group in ((False, order[:split]), (True, order[split:])):
+            if group:
+                packed = kernels.stage_requests([(drafts[i].tokens, drafts[i].parents) for i in group],
+                                                [seqs[i].sampling for i in group],
+                                                [seqs[i].cache_len for i in group], stage)
+                groups.append((rejection_group, group, packed))
+        # KV: the root and the accepted path stay, the accepted path moved next to the root. Every
+        # sequence of a step with a tree takes part (a chain's path does not move: no stores), so the
+        # plan needs nothing from the verification results.
+        plan = None
+        if any(not drafts[i].is_chain for i in order):
+            plan = self.runner.pool.plan_compact([seqs[i].slot for i in order],
+                                                 [seqs[i].cache_len + 1 for i in order], stage)
+        stage.upload()  # the step's one host-to-device copy
+        logits = self.runner.run(batch)  # [rows, vocab]
+        joined = self._verify(seqs, drafts, groups, logits)
+        if plan is not None:
+            self.runner.pool.compact_planned(plan, joined.accepted, joined.num_accepted)
+        results = joined.results()  # the step's one device-to-host read
         for j, i in enumerate(order):
             s = seqs[i]
             self.runner.pool.truncate(s.slot, s.cache_len + 1 + results[j].num_accepted)
@@ -296,15 +313,15 @@ class Engine:
         for j, i in enumerate(order):
             outputs[i] = self._advance(seqs[i], drafts[i], results[j], step_s)
 
-    def _verify(self, seqs: Sequence[SequenceState], drafts: list[Draft], order: list[int], split: int,
-                logits: torch.Tensor) -> tuple[list[VerifyResult], torch.Tensor, torch.Tensor]:
-        """Verify every sequence's tree: ``order[:split]`` with the greedy or sample-and-match rule,
-        ``order[split:]`` (sampled draft-model chains) with rejection sampling. One host read."""
+    def _verify(self, seqs: Sequence[SequenceState], drafts: list[Draft],
+                groups: list[tuple[bool, list[int], kernels.StagedRequests]],
+                logits: torch.Tensor) -> kernels.BatchVerifyOutput:
+        """Verify every sequence's tree, one ``verify_batch`` per group: the greedy or sample-and-match
+        rule, then (sampled draft-model chains) rejection sampling. Returns the joined outputs, on
+        the device."""
         outs = []
         row = 0
-        for rejection, group in ((False, order[:split]), (True, order[split:])):
-            if not group:
-                continue
+        for rejection, group, packed in groups:
             n_rows = sum(len(drafts[i]) + 1 for i in group)
             if not rejection:
                 mode = "greedy" if all(seqs[i].sampling.greedy for i in group) else "match"
@@ -312,19 +329,17 @@ class Engine:
             else:
                 mode = "rejection"
                 probs = torch.cat([drafts[i].probs for i in group])  # type: ignore[misc]
-            batch = kernels.pack_requests([(drafts[i].tokens, drafts[i].parents) for i in group],
-                                          [seqs[i].sampling for i in group],
-                                          [seqs[i].cache_len for i in group], device=logits.device)
-            outs.append(kernels.verify_batch(logits[row:row + n_rows], **batch._asdict(), mode=mode,
-                                             draft_probs=probs))
+            outs.append(kernels.verify_batch(logits[row:row + n_rows], **packed.batch()._asdict(), mode=mode,
+                                             draft_probs=probs, checked=True))  # stage_requests checked
             row += n_rows
+        if len(outs) == 1:
+            return outs[0]
         width = max(o.accepted.shape[1] for o in outs)
         accepted = torch.cat([torch.nn.functional.pad(o.accepted, (0, width - o.accepted.shape[1]), value=-1)
                               for o in outs])
-        num = torch.cat([o.num_accepted for o in outs])
-        joined = kernels.BatchVerifyOutput(accepted, num, torch.cat([o.next_token for o in outs]),
-                                           torch.cat([o.recovered for o in outs]))
-        return joined.results(), accepted, num  # results(): the step's one host sync
+        return kernels.BatchVerifyOutput(accepted, torch.cat([o.num_accepted for o in outs]),
+                                         torch.cat([o.next_token for o in outs]),
+                                         torch.cat([o.recovered for o in outs]))
 
     def _advance(self, seq: SequenceState, draft: Draft, result: VerifyResult, step_s: float) -> StepOutput:
         L = seq.cache_len
@@ -370,7 +385,10 @@ class Engine:
         """Seed the step cost model with measured forwards on dummy contexts: one sequence over each
         of ``sizes`` rows, and ``batches`` sequences of 1 and 4 rows each. Each shape runs once
         untimed first: the first forward of a new shape pays one-time set-up costs that would otherwise
-        read as a very expensive step and switch speculation off."""
+        read as a very expensive step and switch speculation off; on CUDA every timing is taken between
+        two synchronisations. Before that it launches every verification and compaction kernel variant
+        a step can use (:meth:`_warm_kernels`), so that no compile lands in a request's step or in
+        the cost model."""
         sizes = [n for n in sizes if n + 2 < self.context_window]
         context = max(1, min(context, self.context_window - max(sizes, default=1) - 2))
         shapes = [(1, n) for n in sizes] + [(b, r) for b in batches if b > 1 for r in (1, 4)]
@@ -381,19 +399,54 @@ class Engine:
                 for j in range(nb):
                     slots.append(self.runner.allocate(context + max(sizes, default=1) + 2))
                     self.runner.prefill(slots[-1], [(i + j) % self.vocab_size for i in range(context)])
+                self._warm_kernels(slots[0], context)
                 for b, r in shapes:
                     rows = [SeqRows(slot, [7 % self.vocab_size] * r) for slot in slots[:b]]
                     times = []
                     for _ in range(3):
+                        self._sync()  # time the forward, not the launches queued before it
                         t0 = time.perf_counter()
-                        self.runner.forward(rows)
+                        logits = self.runner.forward(rows)
+                        self._sync()  # ... and not only its launch (CUDA runs asynchronously)
                         times.append(time.perf_counter() - t0)
+                        del logits
                         for slot in slots[:b]:
                             self.runner.pool.truncate(slot, context)
                     self.drafting.observe_step([r] * len(rows), [context] * len(rows), min(times[1:]))
         finally:
             for slot in slots:
                 self.runner.free(slot)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _warm_kernels(self, slot: int, context: int) -> None:
+        """Launch every compiled kernel variant a step can use, so that no request pays a compile:
+        each verification mode (rejection only with a draft model) for every walk block size the
+        tree sizes ``0 .. max_draft_tokens`` of the engine's default spec map to, and the KV
+        compaction for every path-width block. The per-step integers of the kernels are not
+        specialised on (``kernels.variants``), so these are all the variants. Requests that ask for
+        larger trees than the default spec compile their block sizes on first use."""
+        max_nodes = self.default_spec.max_draft_tokens
+        blocks = sorted({1 << max(0, (n - 1).bit_length()) for n in range(1, max_nodes + 1)} | {1})
+        modes = ["greedy", "match"] + (["rejection"] if self.draft_model is not None else [])
+        logits_dtype = torch.float32 if self.dtype == torch.float32 else self.dtype
+        sampling = SamplingParams(temperature=0.5, seed=0)  # sampled rows: the path the modes differ in
+        for n in [0, *blocks] if max_nodes else [0]:
+            n = min(n, max_nodes)
+            logits = torch.zeros((n + 1, self.vocab_size), dtype=logits_dtype, device=self.device)
+            packed = kernels.pack_requests([([0] * n, list(range(-1, n - 1)))], [sampling], [context],
+                                           device=self.device)
+            for mode in modes:
+                probs = (torch.full((n, self.vocab_size), 1.0 / self.vocab_size, dtype=torch.float32,
+                                    device=self.device) if mode == "rejection" else None)
+                kernels.verify_batch(logits, **packed._asdict(), mode=mode, draft_probs=probs, checked=True)
+            if n:  # an accepted path of width n: nothing moves (num_accepted 0), every block size compiles
+                path = torch.full((1, n), -1, dtype=torch.int64, device=self.device)
+                self.runner.pool.compact([slot], path, torch.zeros(1, dtype=torch.int64, device=self.device),
+                                         [context])
+        self._sync()
 
     def cost_table(self, upto: int, context: int = 1000) -> Any:
         """Estimated seconds of a one-sequence step over 1..upto rows at ``context`` cached positions

@@ -42,10 +42,11 @@ __all__ = [
     "pull",
     "render_chat",
     "render_chat_text",
+    "resolve_dtype",
     "resolve_model_path",
 ]
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto": see resolve_dtype
 
 
 class ModelLoadError(Exception):
@@ -240,11 +241,21 @@ class LoadedModel:
         return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
 
 
+def resolve_dtype(dtype: str, device: str) -> str:
+    """The concrete dtype name for ``dtype`` on ``device``: ``auto`` is bfloat16 on CUDA (tensor-core
+    products at half the memory of float32) and float32 on the CPU (the oneDNN-packed linear layers
+    and the batch-invariance probe's fast path are float32; bfloat16 matmuls are slow on most CPUs).
+    Example: resolve_dtype("auto", "cuda:0") -> "bfloat16"; resolve_dtype("float16", "cpu") -> "float16"."""
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        return "bfloat16" if device.startswith("cuda") else "float32"
+    return dtype
+
+
 def _torch_dtype(dtype: str) -> Any:
     import torch
 
-    if dtype not in DTYPES:
-        raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     return getattr(torch, dtype)
 
 
@@ -271,6 +282,7 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    dtype = resolve_dtype(dtype, device)
     torch_dtype = _torch_dtype(dtype)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' requested but CUDA is not available on this machine")

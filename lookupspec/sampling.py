@@ -118,8 +118,7 @@ def position_keys(seed: int, positions: torch.Tensor) -> torch.Tensor:
 
 def gumbel_noise(seed: int, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Gumbel(0, 1) noise keyed by (seed, position, token). positions: [n] -> [n, vocab] float32."""
-    keys = position_keys(seed, positions.to("cpu") if positions.device.type != "cpu" else positions)
-    keys = keys.to(positions.device)
+    keys = position_keys(seed, positions)  # integer hashing: the same bits on every device
     tokens = (torch.arange(vocab_size, device=positions.device, dtype=torch.int64) * _TOKEN_MUL) & _M32
     bits = hash32(keys[:, None] ^ tokens[None, :])  # [n, vocab]
     # 23 bits: k + 0.5 is exact in float32, so u < 1 and the noise is finite (24 bits would round

@@ -41,6 +41,34 @@ def test_dtype_option(tiny_models, dtype):
     assert next(lm.model.parameters()).dtype == getattr(torch, dtype)
 
 
+def test_dtype_auto_is_float32_on_the_cpu_and_bfloat16_on_cuda(tiny_models):
+    from lookupspec.models import resolve_dtype
+
+    lm = load_model(str(tiny_models["tiny-qwen2"]), dtype="auto")
+    assert next(lm.model.parameters()).dtype == torch.float32
+    assert lm.dtype == "float32"  # the resolved name, what the server reports
+    assert resolve_dtype("auto", "cpu") == "float32"
+    assert resolve_dtype("auto", "cuda") == resolve_dtype("auto", "cuda:1") == "bfloat16"
+    assert resolve_dtype("float16", "cuda") == "float16"
+
+
+def test_every_model_command_accepts_dtype_auto(monkeypatch):
+    import argparse
+
+    from lookupspec.commands.common import add_model_arguments
+
+    monkeypatch.setenv("LOOKUPSPEC_DTYPE", "auto")
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    assert parser.parse_args([]).dtype == "auto"
+    assert parser.parse_args(["--dtype", "auto"]).dtype == "auto"
+    assert "auto: bfloat16 on CUDA, float32 on the CPU" in " ".join(parser.format_help().split())
+    monkeypatch.delenv("LOOKUPSPEC_DTYPE")
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    assert parser.parse_args([]).dtype == "float32"  # the default stays float32
+
+
 def test_missing_path_error():
     with pytest.raises(ModelLoadError, match="does not exist"):
         resolve_model_path("./no/such/model-dir")

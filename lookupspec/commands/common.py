@@ -12,7 +12,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=os.environ.get("LOOKUPSPEC_MODEL", DEFAULT_MODEL),
                         help="named model, Hugging Face directory or .gguf file [env LOOKUPSPEC_MODEL]")
     parser.add_argument("--dtype", default=os.environ.get("LOOKUPSPEC_DTYPE", "float32"), choices=DTYPES,
-                        help="weights and compute dtype [env LOOKUPSPEC_DTYPE]")
+                        help="weights and compute dtype; auto: bfloat16 on CUDA, float32 on the CPU "
+                             "(default float32) [env LOOKUPSPEC_DTYPE]")
     parser.add_argument("--device", default=os.environ.get("LOOKUPSPEC_DEVICE", "cpu"),
                         help="cpu or cuda[:N] [env LOOKUPSPEC_DEVICE]")
     parser.add_argument("--no-packed-linear", dest="packed_linear", action="store_false",

@@ -253,7 +253,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
             output_cap_tokens=args.output_cap_tokens, limits=limits)
         service = build_service(te, store, config)
         spec = te.engine.default_spec
-        _say(f"model: {config.model_name} ({te.loaded.path}), {args.dtype} on {args.device}, "
+        _say(f"model: {config.model_name} ({te.loaded.path}), {te.loaded.dtype} on {args.device}, "
              f"{torch.get_num_threads()} threads, context window {service.context_window} tokens; "
              f"speculation {'on' if spec.enabled else 'off'}: up to {spec.max_draft_tokens} draft tokens "
              f"per step, sources {','.join(spec.sources)}, draft model {args.draft_model or 'none'}; "

@@ -80,7 +80,10 @@ class DraftModelDrafter:
             if sample and sampling is not None and not sampling.greedy and sampling.seed is not None:
                 scores = process_logits(logits[None, :], sampling)  # [1, vocab]
                 p = torch.softmax(scores, dim=-1)[0]
-                keys = stream_keys(torch.tensor([sampling.seed]), torch.tensor([position + i]), STREAM_DRAFT)
+                # on the model's device: the noise meets p there (CPU tensors here crashed on CUDA)
+                keys = stream_keys(torch.tensor([sampling.seed], dtype=torch.int64, device=self.device),
+                                   torch.tensor([position + i], dtype=torch.int64, device=self.device),
+                                   STREAM_DRAFT)
                 e = exponential_from_keys(keys, p.shape[-1])[0]
                 tok = int(torch.argmax(p / e).item())
                 probs.append(p)

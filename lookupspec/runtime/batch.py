@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+
+from lookupspec.kernels import HostStage, Staged
 
 from .kvpool import SlotPool
 
@@ -64,7 +67,7 @@ class SeqView:
     r1: int
     past: int
     key_range: list[tuple[int, int]] = field(default_factory=list)
-    masks: list[torch.Tensor | str | None] = field(default_factory=list)
+    masks: list[Any] = field(default_factory=list)  # torch.Tensor | str | None (a Staged until bound)
 
     @property
     def rows(self) -> int:
@@ -89,14 +92,19 @@ class RaggedBatch:
     product of one row differs from the same row among others). ``write_slot`` / ``write_entry[g]``:
     ``[real_rows]`` where each row's key and value go in the pool (group ``g``)."""
 
-    def __init__(self, pool: SlotPool, seqs: Sequence[SeqRows], *, pad_to: int = 1) -> None:
+    def __init__(self, pool: SlotPool, seqs: Sequence[SeqRows], *, pad_to: int = 1,
+                 stage: HostStage | None = None) -> None:
+        """Plan the batch on the host. Its tensors are pieces of ``stage`` (the step's one
+        host-to-device copy): usable once the caller uploaded it and called :meth:`bind`. Without a
+        stage the batch makes and uploads its own."""
         if not seqs:
             raise ValueError("a batch needs at least one sequence")
         slots = [s.slot for s in seqs]
         if len(set(slots)) != len(slots):
             raise ValueError("a sequence may appear only once in a batch")
         self.pool = pool
-        dev = pool.device
+        own = stage is None
+        stage = HostStage(pool.device) if stage is None else stage
         ids: list[int] = []
         pos: list[int] = []
         wslot: list[int] = []
@@ -120,7 +128,9 @@ class RaggedBatch:
                 start = int(g.start[s.slot])
                 keys = self._keys(g.window, start, past, n, int(positions.min()))
                 view.key_range.append(keys)
-                view.masks.append(self._mask(g.window, start, past, positions, reach, keys, dev))
+                mask = self._mask(g.window, start, past, positions, reach, keys)
+                view.masks.append(stage.add(mask[None, None], torch.bool) if isinstance(mask, np.ndarray)
+                                  else mask)
             self.views.append(view)
             ids.extend(int(t) for t in s.tokens)
             pos.extend(int(p) for p in positions)
@@ -129,14 +139,28 @@ class RaggedBatch:
             row += n
         self.real_rows = row
         self.pad = max(0, pad_to - row)
-        self.input_ids = torch.tensor([ids + [0] * self.pad], dtype=torch.long, device=dev)
-        self.position_ids = torch.tensor([pos + [0] * self.pad], dtype=torch.long, device=dev)
-        self.write_slot = torch.tensor(wslot, dtype=torch.long, device=dev)
-        pos_t = torch.tensor(wpos, dtype=torch.long)
-        self.write_entry = []
-        for g in pool.groups:
-            starts = torch.as_tensor(g.start[wslot], dtype=torch.long)
-            self.write_entry.append((pos_t - starts).to(dev))
+        wpos_a = np.asarray(wpos, dtype=np.int64)
+        self._staged = (stage.add(np.asarray([ids + [0] * self.pad], np.int64), torch.int64),
+                        stage.add(np.asarray([pos + [0] * self.pad], np.int64), torch.int64),
+                        stage.add(np.asarray(wslot, np.int64), torch.int64),
+                        [stage.add(wpos_a - g.start[wslot], torch.int64) for g in pool.groups])
+        self.input_ids: torch.Tensor  # these four are set by bind()
+        self.position_ids: torch.Tensor
+        self.write_slot: torch.Tensor
+        self.write_entry: list[torch.Tensor]
+        if own:
+            stage.upload()
+            self.bind()
+
+    def bind(self) -> None:
+        """Take the batch's tensors from its uploaded stage."""
+        ids, pos, wslot, wentry = self._staged
+        self.input_ids = ids.tensor  # [1, rows] int64
+        self.position_ids = pos.tensor  # [1, rows] int64
+        self.write_slot = wslot.tensor  # [real_rows] int64
+        self.write_entry = [w.tensor for w in wentry]  # per group [real_rows] int64
+        for view in self.views:
+            view.masks = [m.tensor if isinstance(m, Staged) else m for m in view.masks]
 
     @property
     def rows(self) -> int:
@@ -151,7 +175,7 @@ class RaggedBatch:
 
     @staticmethod
     def _mask(window: int | None, start: int, past: int, positions: np.ndarray, reach: np.ndarray | None,
-              key_range: tuple[int, int], dev: torch.device) -> torch.Tensor | str | None:
+              key_range: tuple[int, int]) -> np.ndarray | str | None:
         n = len(positions)
         lo, hi = key_range
         cached = past - start - lo  # cache keys in range, at positions past - cached .. past - 1
@@ -169,4 +193,4 @@ class RaggedBatch:
         if window is not None:
             key_pos = np.concatenate([np.arange(past - cached, past, dtype=np.int64), positions])
             vis &= (positions[:, None] - key_pos[None, :]) < window
-        return torch.from_numpy(vis).to(dev)[None, None]
+        return vis  # [n, keys] bool, staged as [1, 1, n, keys]

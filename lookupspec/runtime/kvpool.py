@@ -8,9 +8,10 @@ in one tensor::
 
     data: [2 * layers, slots, kv_heads, capacity, head_dim]   # keys of layer i at [i], values at [layers + i]
 
-so one layer's keys are ``[slots, kv_heads, capacity, head_dim]`` and one compaction launch covers
-every layer and both tensors of a group (keys and values of a group must share ``head_dim``; a model
-whose value heads differ in width gets two tensors per group, :class:`_Group` hides which).
+so one layer's keys are ``[slots, kv_heads, capacity, head_dim]`` (a model whose value heads differ
+in width gets two tensors per group, :class:`_Group` hides which). Groups stay separate allocations
+because they grow separately (a sliding group never outgrows its window); one compaction launch still
+covers every tensor of every group, through a table of row addresses (``kernels.compact_plan``).
 
 Per slot the pool tracks ``length`` (positions ``0 .. length - 1`` are committed) and, per group,
 ``start``: the position held by entry 0 (always 0 for full attention; it moves forward in a
@@ -31,11 +32,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-__all__ = ["LayerSpec", "PoolFull", "SlotPool"]
+if TYPE_CHECKING:
+    from lookupspec.kernels import HostStage, Staged
+
+__all__ = ["CompactPlan", "LayerSpec", "PoolFull", "SlotPool"]
 
 _ALIGN = 64  # capacities are multiples of this many entries
 
@@ -59,6 +64,18 @@ class LayerSpec:
             raise ValueError(f"kv_heads, head_dim and value_dim must be >= 1: {self}")
         if self.window is not None and self.window < 2:
             raise ValueError(f"a sliding window must be >= 2, got {self.window}")
+
+
+@dataclass(frozen=True)
+class CompactPlan:
+    """A step's compaction, staged before its forward (:meth:`SlotPool.plan_compact`)."""
+
+    generation: int  # the pool's generation when planned: the row table's addresses hold until it changes
+    tensors: list[torch.Tensor]  # every pool tensor, in table order
+    tensor_groups: list[int]  # group of each tensor
+    table: Staged  # [R, COLS] int64 row table (kernels.compact_plan)
+    slots: Staged  # [B] int64
+    base: Staged  # [B, groups] int64 entry of draft node 0 per sequence and group
 
 
 def _round_up(n: int, align: int = _ALIGN) -> int:
@@ -164,6 +181,7 @@ class SlotPool:
                                f"{self.align} positions each ({per_position} bytes per position)")
             self.slot_positions = min(self.max_positions, share)
             initial_capacity = min(initial_capacity, self.slot_positions)
+        self.generation = 0  # bumped whenever a tensor is reallocated (compaction tables hold addresses)
         with torch.inference_mode():  # the engine writes them in inference mode only
             self.groups = [_Group(spec, idx, slots, self._initial_cap(spec, initial_capacity), dtype,
                                   self.device) for spec, idx in by_spec.items()]
@@ -288,6 +306,7 @@ class SlotPool:
         for g, cap in zip(self.groups, caps, strict=True):
             if slots != g.tensors[0].shape[1] or cap != g.capacity:
                 g.resize(slots, cap)
+                self.generation += 1
         if slots > self.slots:
             extra = slots - self.slots
             self.length = np.concatenate([self.length, np.zeros(extra, np.int64)])
@@ -317,36 +336,52 @@ class SlotPool:
                                  "sliding-window layers")
         self.length[slot] = length
 
+    def plan_compact(self, slots: Sequence[int], base: Sequence[int], stage: HostStage) -> CompactPlan:
+        """Stage what :meth:`compact_planned` needs for the step's sequences (their slots, the entry
+        of draft node 0 of each in each group, the row table of every pool tensor) with the step's
+        other inputs. slots: [B]; base: [B] position of draft node 0 of each sequence. Valid until the
+        pool grows (its :attr:`generation` changes)."""
+        from lookupspec import kernels
+
+        tensors = [t for g in self.groups for t in g.tensors]
+        tensor_groups = [gi for gi, g in enumerate(self.groups) for _ in g.tensors]
+        entries = [[int(p) - int(g.start[s]) for g in self.groups] for p, s in zip(base, slots, strict=True)]
+        return CompactPlan(
+            self.generation, tensors, tensor_groups,
+            stage.add(kernels.pool_table(tensors, tensor_groups), torch.int64),
+            stage.add(np.asarray(list(slots), np.int64), torch.int64),
+            stage.add(np.asarray(entries, np.int64).reshape(len(entries), len(self.groups)), torch.int64))
+
+    @torch.inference_mode()
+    def compact_planned(self, plan: CompactPlan, accepted: torch.Tensor, num_accepted: torch.Tensor, *,
+                        backend: str | None = None) -> None:
+        """After a tree step: in every layer, move the accepted path's entries next to the root, one
+        ``kernels.compact_pool`` launch for every layer's keys and values (the caller truncates).
+
+        accepted: [B, M] accepted node indices (local, -1 padded) of the planned sequences, in plan
+        order; num_accepted: [B]. A sequence whose path does not move (a chain) costs nothing."""
+        from lookupspec import kernels
+
+        if plan.generation != self.generation:
+            raise RuntimeError("the pool grew after the compaction was planned: its row table is stale")
+        kernels.compact_pool(plan.tensors, plan.tensor_groups, plan.table.tensor, plan.slots.tensor,
+                             plan.base.tensor, accepted, num_accepted, backend=backend)
+
     @torch.inference_mode()
     def compact(self, slots: Sequence[int], accepted: torch.Tensor, num_accepted: torch.Tensor,
                 base: Sequence[int], *, backend: str | None = None) -> None:
-        """After a tree step: in every layer, move the accepted path's entries next to the root.
+        """:meth:`plan_compact` and :meth:`compact_planned` with a stage of their own.
 
         slots: [B] slots of the step's sequences; accepted: [B, M] accepted node indices (local,
-        -1 padded); num_accepted: [B]; base: [B] position of draft node 0 of each sequence. One
-        ``kernels.compact_kv`` launch per group tensor covers every layer (the caller truncates)."""
+        -1 padded); num_accepted: [B]; base: [B] position of draft node 0 of each sequence."""
         from lookupspec import kernels
 
-        if not len(slots):
+        if not len(slots) or accepted.shape[1] == 0:
             return
-        m = accepted.shape[1]
-        if m == 0:
-            return
-        dev = accepted.device
-        index = torch.as_tensor(list(slots), dtype=torch.int64, device=dev)
-        for g in self.groups:
-            acc = torch.full((self.slots, m), -1, dtype=torch.int64, device=dev)
-            num = torch.zeros(self.slots, dtype=torch.int64, device=dev)
-            acc[index] = accepted.to(torch.int64)
-            num[index] = num_accepted.to(torch.int64)
-            b = torch.zeros(self.slots, dtype=torch.int64, device=dev)
-            b[index] = torch.as_tensor([int(p) - int(g.start[s]) for p, s in zip(base, slots, strict=True)],
-                                       dtype=torch.int64, device=dev)
-            for t in g.tensors:
-                rows = t.shape[0]  # layers (x2 when keys and values share the tensor)
-                flat = t.view(rows * self.slots, *t.shape[2:])
-                kernels.compact_kv(flat, acc.repeat(rows, 1), num.repeat(rows), b.repeat(rows),
-                                   backend=backend)
+        stage = kernels.HostStage(self.device)
+        plan = self.plan_compact(slots, base, stage)
+        stage.upload()
+        self.compact_planned(plan, accepted, num_accepted, backend=backend)
 
     @torch.inference_mode()
     def copy_prefix(self, src: int, dst: int, length: int) -> None:

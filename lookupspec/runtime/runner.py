@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from lookupspec.kernels import HostStage
+
 from .attention import active_batch, use_runtime_attention
 from .batch import RaggedBatch, SeqRows
 from .kvpool import LayerSpec, PoolFull, SlotPool
@@ -157,12 +159,22 @@ class ModelRunner:
         """One forward over every sequence's rows; returns logits ``[rows, vocab]`` in the order of
         ``seqs`` (float32 for float32 models, the model's dtype otherwise). Each slot advances by its
         rows; the caller truncates what verification rejects."""
+        return self.run(self.plan(seqs))
+
+    def plan(self, seqs: Sequence[SeqRows], stage: HostStage | None = None) -> RaggedBatch:
+        """The host half of :meth:`forward`: room in every slot, then the batch's inputs as pieces of
+        ``stage`` (the caller uploads it before :meth:`run`; None: a stage of the batch's own)."""
         for s in seqs:
             self.pool.ensure(s.slot, self.length(s.slot) + len(s.tokens))
-        batch = RaggedBatch(self.pool, seqs, pad_to=self.pad_to)
+        return RaggedBatch(self.pool, seqs, pad_to=self.pad_to, stage=stage)
+
+    @torch.inference_mode()
+    def run(self, batch: RaggedBatch) -> torch.Tensor:
+        """The device half of :meth:`forward`, on a planned batch whose stage has been uploaded."""
+        batch.bind()
         logits = self.lean(batch) if self.lean is not None else self._hf(batch)
-        for s in seqs:
-            self.pool.advance(s.slot, len(s.tokens))
+        for v in batch.views:
+            self.pool.advance(v.slot, v.rows)
         return logits[: batch.real_rows]
 
     def _hf(self, batch: RaggedBatch, logits_to_keep: int = 0) -> torch.Tensor:
