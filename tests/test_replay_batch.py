@@ -22,7 +22,6 @@ from lookupspec.benchmarks.replay_costs import (
     parse_coefficients,
     samples_from_json,
 )
-from lookupspec.drafting.policy import DraftPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 # t0 20 ms, a row 0.5 ms: drafting pays at small batches (a SmolLM2-on-CPU-like shape)
@@ -91,23 +90,12 @@ def test_batch_of_one_joint_equals_the_single_sequence_adaptive_replay_when_cost
     assert _batched(items, model) == _single(items, model)
 
 
-def test_batch_of_one_joint_differs_from_the_single_replay_only_by_the_feedback_of_refused_trees(monkeypatch):
-    # Finding: when the policy refuses a sequence's whole tree (k = 0), the engine's DraftPolicy.observe
-    # still feeds that unverified tree to the lookup session with no accepted node, so the drafters
-    # count every root child as rejected; the one-sequence replay gives no feedback then. With rows
-    # expensive enough for refusals, that alone separates the two replays.
+def test_batch_of_one_joint_equals_the_single_replay_also_when_trees_are_refused():
+    # With rows expensive enough for refusals: a tree the policy refuses whole is not fed back (it was
+    # never verified), as in the one-sequence replay. The engine used to feed it back as all rejected.
     model = _model("t0=20,t_row=6")
     items = _mixed()
-    single = _single(items, model)
-    assert _batched(items, model) != single  # the engine's behaviour today (see the comment above)
-    observe = DraftPolicy.observe
-
-    def no_feedback_of_refused_trees(self, session, draft, accepted):
-        if len(draft):
-            observe(self, session, draft, accepted)
-
-    monkeypatch.setattr(DraftPolicy, "observe", no_feedback_of_refused_trees)
-    assert _batched(items, model) == single
+    assert _batched(items, model) == _single(items, model)
 
 
 def test_plain_emits_exactly_one_token_per_sequence_per_step():
@@ -169,29 +157,30 @@ def test_the_joint_trees_shrink_as_the_batch_grows():
     assert nodes[0] > nodes[1] > nodes[2]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "finding: Exploration (one per engine) counts refused trees across the batch's sequences, so at "
-    "batch B it verifies 2 nodes for about B/8 sequences every step even where the batch's threshold "
-    "says no node can pay; on low-acceptance text with rows at 15% of t0 joint is estimated ~4% below "
-    "plain at B=4 and ~7% at B=8. The policy's premise (never below plain) fails there."))
-def test_joint_never_estimates_below_plain():
+def test_joint_never_estimates_below_plain_by_more_than_its_exploration():
+    """Low-acceptance text with rows at 15% of t0 (a pessimistic CPU): where no node pays, the joint
+    policy costs at most its exploration, 2 nodes once every 8 refused steps whatever the batch size
+    (it was 2 nodes on ~B/8 sequences every step before exploration counted steps: 4% below plain at
+    B=4, 7% at B=8)."""
     items, model = _low_acceptance(), _model("t0=20,t_row=3")
     for batch in (1, 4, 8):
         plain = replay_batch(items, batch, BatchPolicy("plain"), model)
         joint = replay_batch(items, batch, BatchPolicy("joint"), model)
-        assert joint.tokens_per_s >= plain.tokens_per_s, batch
+        exploration = 2 * 3 / (8 * (20 + 3 * batch))  # its rows' share of a plain step
+        assert joint.tokens_per_s >= (1 - exploration) * plain.tokens_per_s, batch
 
 
 def test_without_exploration_joint_stays_at_plain_where_drafts_do_not_pay(monkeypatch):
-    # The same set as above with the exploration off: the threshold keeps (almost) no node. Not exactly
-    # plain: the first steps act on uncalibrated scores and lose a few hundredths of a percent.
-    monkeypatch.setattr(Exploration, "adjust", lambda self, k, available: k)
+    # The same set as above with the exploration off: the threshold keeps few nodes. Not exactly
+    # plain: steps act on scores the calibration is still learning (it learns only from verified
+    # nodes) and lose up to a few tenths of a percent.
+    monkeypatch.setattr(Exploration, "adjust_batch", lambda self, keep, available: list(keep))
     items, model = _low_acceptance(), _model("t0=20,t_row=3")
     for batch in (1, 4, 8):
         plain = replay_batch(items, batch, BatchPolicy("plain"), model)
         joint = replay_batch(items, batch, BatchPolicy("joint"), model)
-        assert joint.tokens_per_s >= 0.999 * plain.tokens_per_s, batch
-        assert joint.nodes_per_sequence_step < 0.05
+        assert joint.tokens_per_s >= 0.997 * plain.tokens_per_s, batch
+        assert joint.nodes_per_sequence_step < 0.15
 
 
 def test_cost_model_predicts_with_the_given_coefficients():
