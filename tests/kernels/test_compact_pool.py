@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("triton")
 
 from lookupspec.kernels import compact_triton
+
 from lookupspec.runtime.kvpool import LayerSpec, SlotPool
 
 SPECS = [LayerSpec(2, 16, 16), LayerSpec(2, 16, 16, window=8), LayerSpec(3, 8, 4), LayerSpec(2, 16, 16)]
