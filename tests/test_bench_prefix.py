@@ -82,7 +82,10 @@ def test_bench_prefix_runs_both_servers_and_the_cache_serves_the_shared_prefix(t
     assert all(s["exit_status"] == 0 for s in result["servers"].values())
     assert "--no-prefix-cache" in result["servers"]["off"]["command"]
     order = [(r["prompt"], r["server"]) for r in result["records"]]
-    assert order[:4] == [("q0", "on"), ("q0", "off"), (order[2][0], "off"), (order[2][0], "on")]
+    # shared and unshared prompts interleave; within each set the first server alternates
+    u0, u1 = order[2][0], result["records"][6]["prompt"]
+    assert order[:6] == [("q0", "on"), ("q0", "off"), (u0, "on"), (u0, "off"), ("q1", "off"), ("q1", "on")]
+    assert order[6:8] == [(u1, "off"), (u1, "on")]
     sh, un = result["summary"]["shared"], result["summary"]["unshared"]
     assert (sh["prompts"], sh["errors"], un["prompts"], un["errors"]) == (3, 0, 2, 0)
     by = {(r["prompt"], r["server"]): r for r in result["records"]}

@@ -3,7 +3,7 @@
 It starts two `lookupspec serve` processes on the same model and flags, one with its prefix cache
 (--prefix-cache-mb) and one with --no-prefix-cache, and sends every prompt to both, one request at a
 time (concurrency 1, so TTFT is prefill and nothing else), alternating which server goes first from
-one prompt to the next so drift in the machine's load hits both alike. Two prompt sets run
+one prompt of a set to the next so drift in the machine's load hits both alike. Two prompt sets run
 interleaved (shared, unshared, shared, ...):
 
 - shared (--shared, default `rag`: fixtures/bench/rag_shared.jsonl): questions over the same retrieved
@@ -13,6 +13,8 @@ interleaved (shared, unshared, shared, ...):
   that share nothing beyond a system line, the case where the cache may cost but must not help.
 
 Rules (the JSON's `rules` repeats them):
+- Order: each prompt goes to both servers back to back; which goes first alternates from one prompt
+  of a set to the next, so within each set half the pairs start with either server.
 - TTFT: request sent to the first SSE event with text. Tokens/s: completion tokens / request wall
   time, summed over a set's requests per server (prefill included, as a caller sees it).
 - Cached share: usage.prompt_tokens_details.cached_tokens / usage.prompt_tokens, as the server reports.
@@ -49,7 +51,7 @@ RULES = {
     "tokens_per_s": "completion tokens / request wall time, summed over a set's requests per server",
     "cached_share": "usage.prompt_tokens_details.cached_tokens / usage.prompt_tokens",
     "warm": "a shared request whose cache-on response reused >= warm_share of its prompt",
-    "order": "each prompt goes to both servers back to back; which goes first alternates",
+    "order": "each prompt goes to both servers back to back; which goes first alternates within a set",
     "exactness": "text with the cache on == text with it off, per prompt",
 }
 
@@ -191,8 +193,11 @@ async def _drive(urls: Mapping[str, str], model: str, order: Sequence[tuple[int,
             for s in SERVERS:
                 await _one(clients[s], model, p, args)
         records: list[dict[str, Any]] = []
+        seen = [0] * len(names)  # prompts of each set so far: the first server alternates within a set
         for i, (k, prompt) in enumerate(order):
-            for s in (SERVERS if i % 2 == 0 else SERVERS[::-1]):
+            first = seen[k] % 2
+            seen[k] += 1
+            for s in (SERVERS if first == 0 else SERVERS[::-1]):
                 rec = {"set": names[k], "prompt": prompt.id, "server": s, "position": i,
                        **await _one(clients[s], model, prompt, args)}
                 records.append(rec)
