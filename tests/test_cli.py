@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def _run(*args, prefix=True, **kw):
     """`python -m lookupspec.cli ARGS`, or `python ARGS` with prefix=False."""
@@ -119,3 +121,15 @@ def test_a_backslash_n_stop_string_gets_a_note_on_quoting():
     assert proc.returncode == 2
     assert "note: --stop '\\\\n\\\\n' is a backslash and an n, not a newline" in proc.stderr
     assert "$'\\n'" in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["bench", "--limit", "1"], ["bench-serve", "--concurrency", "1"]])
+def test_benchmark_plots_without_matplotlib_fail_before_anything_runs(command, tmp_path):
+    """A long benchmark must not end in an ImportError: --plot is checked before it starts."""
+    blocked = ("import sys; sys.modules['matplotlib'] = None; from lookupspec.cli import main; "
+               "sys.exit(main(sys.argv[1:]))")
+    argv = [*command, "--model", str(tmp_path / "no-model"), "--plot", str(tmp_path / "chart.png")]
+    proc = subprocess.run([sys.executable, "-c", blocked, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--plot needs matplotlib, which is not installed: pip install matplotlib" in proc.stderr
+    assert "loading" not in proc.stderr and "starting" not in proc.stderr

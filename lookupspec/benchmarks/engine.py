@@ -81,10 +81,15 @@ def _systems(args: argparse.Namespace, notes: list[str]) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     from lookupspec.benchmarks.prompts import load_prompts, select_prompts
+    from lookupspec.benchmarks.report import missing_matplotlib
 
     notes: list[str] = []
     systems = _systems(args, notes)
     if systems is None:
+        return 2
+    problem = missing_matplotlib(args.plot)
+    if problem:
+        _log(f"error: {problem}")
         return 2
     try:
         prompts = select_prompts(load_prompts(args.prompts), args.kinds, args.limit)

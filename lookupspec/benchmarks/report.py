@@ -48,6 +48,19 @@ def _git_commit(root: Path) -> str | None:
     return out.stdout.strip() or None
 
 
+def missing_matplotlib(plot: Path | None) -> str | None:
+    """Why ``--plot`` cannot work here (None when it can, or when no plot is asked for): checked before
+    a benchmark runs, so a long run does not end in an ImportError."""
+    if plot is None:
+        return None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return ("--plot needs matplotlib, which is not installed: pip install matplotlib (make install-test "
+                "includes it), or run without --plot")
+    return None
+
+
 def peak_rss_mib() -> float:
     """Peak resident memory of this process (Linux reports ru_maxrss in KiB, macOS in bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -178,22 +178,12 @@ def _kept_log() -> Path:
     return Path(name)
 
 
-def _missing_matplotlib(args: argparse.Namespace) -> str | None:
-    if args.plot is None:
-        return None
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return ("--plot needs matplotlib, which is not installed: pip install matplotlib (make install-test "
-                "includes it), or run without --plot")
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
+    from lookupspec.benchmarks.report import missing_matplotlib
     from lookupspec.benchmarks.server_process import ServeProcess
     from lookupspec.models import DEFAULT_MODEL, ModelLoadError
 
-    problem = _missing_matplotlib(args)
+    problem = missing_matplotlib(args.plot)
     try:
         prompts = select_prompts(load_prompts(PROMPT_SETS.get(args.prompts, args.prompts)),
                                  args.kinds.split(",") if args.kinds else None, args.limit)
