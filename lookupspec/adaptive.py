@@ -179,8 +179,7 @@ class Exploration:
         """Node counts for one step: ``keep[i]`` the policy's choice for sequence i, ``available[i]`` its
         lookup tree's nodes (0 for a sequence with no tree or drafting a draft-model chain). A step
         that verifies some tree resets the count; a step that refuses every non-empty tree counts once,
-        and every ``every``-th such step one of them (in turn) verifies ``nodes`` nodes. With one
-        sequence this is ``adjust``."""
+        and every ``every``-th such step one of them (in turn) verifies ``nodes`` nodes."""
         out = list(keep)
         if any(k for k, a in zip(keep, available, strict=True) if a):
             self._refused = 0
@@ -198,17 +197,9 @@ class Exploration:
         return out
 
     def adjust(self, k: int, available: int) -> int:
-        """The node count to verify, given the policy's choice ``k`` out of ``available`` nodes."""
-        if k:
-            self._refused = 0
-            return k
-        if not available:
-            return 0
-        self._refused += 1
-        if self._refused < self.every:
-            return 0
-        self._refused = 0
-        return min(available, self.nodes)
+        """The node count to verify for a step of one sequence, given the policy's choice ``k`` out of
+        ``available`` nodes."""
+        return self.adjust_batch([k], [available])[0]
 
 
 @dataclass(frozen=True)

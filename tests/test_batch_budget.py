@@ -103,17 +103,6 @@ def test_a_row_budget_caps_the_step() -> None:
     assert sum(keep) + 4 <= 10
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4)), min_size=1, max_size=40))
-def test_batch_exploration_of_one_sequence_is_the_single_request_rule(steps) -> None:
-    from lookupspec.adaptive import Exploration
-
-    one, batch = Exploration(every=3, nodes=2), Exploration(every=3, nodes=2)
-    for keep, available in steps:
-        keep = min(keep, available)
-        assert batch.adjust_batch([keep], [available]) == [one.adjust(keep, available)]
-
-
 def test_a_refused_batch_explores_one_sequence_per_round_whatever_its_size() -> None:
     """The exploration's extra rows do not grow with the batch: 8 refused sequences for 16 steps get
     two explorations of 2 nodes (as one sequence would), on different sequences."""
