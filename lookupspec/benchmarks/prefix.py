@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS, BenchPrompt, load_prompts, select_prompts
+from lookupspec.benchmarks.serve import PROMPT_SETS as SERVE_PROMPT_SETS
 from lookupspec.commands.common import non_negative_int, positive_int
 
 __all__ = ["PROMPT_SETS", "configure", "interleave", "run", "summarize_set"]
 
-PROMPT_SETS = {"default": DEFAULT_PROMPTS, "short": DEFAULT_PROMPTS.with_name("short_prompts.jsonl"),
-               "rag": DEFAULT_PROMPTS.with_name("rag_shared.jsonl")}
+PROMPT_SETS = {**SERVE_PROMPT_SETS, "rag": DEFAULT_PROMPTS.with_name("rag_shared.jsonl")}
 SERVERS = ("on", "off")
 RULES = {
     "ttft": "request sent to the first SSE event with text; one request at a time",
