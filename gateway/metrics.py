@@ -100,10 +100,13 @@ def _scheduler_metrics(st: Any) -> Iterator[Metric]:
     yield _counter("scheduler_step_rows", "rows of all steps (root + draft nodes of every sequence)",
                    st.step_rows)
     yield _counter("scheduler_step_sequences", "sequences of all steps", st.step_seqs)
-    yield _counter("decode_seconds", "time spent in decode/verify steps", st.decode_s)
+    yield _counter("decode_seconds", "time spent in decode/verify steps (of a forward shared with prompt "
+                   "chunks: the step's estimated cost alone)", st.decode_s)
     yield _counter("decode_tokens", "tokens emitted by decode/verify steps", st.decode_tokens)
     yield _counter("prefill_seconds", "time spent prefilling prompt chunks", st.prefill_s)
     yield _counter("prefill_tokens", "prompt tokens prefilled", st.prefill_tokens)
+    yield _counter("scheduler_shared_forwards", "forwards that ran prompt chunks and a decode step together",
+                   st.shared_forwards)
     yield _gauge("decode_tokens_per_second", "decode throughput: decode_tokens / decode_seconds",
                  st.decode_tokens / st.decode_s if st.decode_s > 0 else 0.0)
     steps = CounterMetricFamily(_P + "batch_steps", "steps, by batch size", labels=["batch_size"])

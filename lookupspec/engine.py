@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from lookupspec import kernels
@@ -51,7 +53,17 @@ from lookupspec.sequence import SequenceState, StepOutput, finish_tokens
 from lookupspec.stats import AggregateStats
 from lookupspec.verify import VerifyResult
 
-__all__ = ["Engine", "SequenceState", "StepOutput", "finish_tokens"]
+__all__ = ["Engine", "Iteration", "SequenceState", "StepOutput", "finish_tokens"]
+
+
+@dataclass
+class Iteration:
+    """What one :meth:`Engine.iterate` forward did."""
+
+    steps: list[StepOutput]  # per decode sequence, in the order given
+    prefills: list[StepOutput | None]  # per prompt chunk: None while its prompt is not done
+    seconds: float  # the iteration's time, host work included
+    decode_s: float  # the decode step's share: all of it without chunks, else its estimated cost alone
 
 
 class Engine:
@@ -187,23 +199,65 @@ class Engine:
         self.aggregate.add(seq.stats)
         self.release(seq)
 
-    # ------------------------------------------------------------------------------------ prefill
+    # ---------------------------------------------------------------------------------- iterations
+
+    def prefill(self, seq: SequenceState, max_tokens: int | None = None) -> StepOutput | None:
+        """Prefill up to ``max_tokens`` more prompt tokens (None: the rest), in a forward of its own.
+        Returns None while the prompt is not done; on its last chunk, the first token's
+        :class:`StepOutput`."""
+        return self.iterate((), [(seq, max_tokens)]).prefills[0]
+
+    def step(self, seqs: Sequence[SequenceState], max_rows: int | None = None) -> list[StepOutput]:
+        """One decode/verify step for every sequence in ``seqs`` (each prefilled, not finished);
+        returns their outputs in the same order. ``max_rows`` caps the step's rows (root + draft
+        nodes of every sequence; at least one per sequence)."""
+        return self.iterate(seqs, (), max_rows).steps
 
     @torch.inference_mode()
-    def prefill(self, seq: SequenceState, max_tokens: int | None = None) -> StepOutput | None:
-        """Prefill up to ``max_tokens`` more prompt tokens (None: the rest). Returns None while the
-        prompt is not done; on its last chunk, the first token's :class:`StepOutput`."""
-        if seq.released or seq.prefill_done:
-            raise ValueError("this sequence is not waiting for a prefill")
-        end = len(seq.prompt) if max_tokens is None else min(len(seq.prompt), seq.prefilled + max_tokens)
-        t0 = time.perf_counter()
-        try:
-            logits = self.runner.prefill(seq.slot, seq.prompt[seq.prefilled:end])
-        except PoolFull:
-            self._finish(seq, "length")
-            return StepOutput((), "length", stats=seq.stats)
-        seq.stats.prefill_s += time.perf_counter() - t0
-        start, seq.prefilled = seq.prefilled, end
+    def iterate(self, seqs: Sequence[SequenceState],
+                prefills: Sequence[tuple[SequenceState, int | None]] = (),
+                max_rows: int | None = None) -> Iteration:
+        """One target forward for a decode/verify step of every sequence in ``seqs`` (as :meth:`step`)
+        and a prompt chunk of every ``(sequence, max_tokens)`` in ``prefills`` (as :meth:`prefill`).
+
+        A chunk's rows go through the same forward as the step's, as a causal chain in its own slot,
+        and only its last row's logits are computed. On this kind of CPU a 128-row chunk is
+        compute-bound while a decode step of a few rows mostly reads the weights, so the step's rows
+        ride along with the chunk for a fraction of a step of their own. Every row is computed as it
+        would be alone (the runner's batch-invariance probe), so outputs do not depend on what shared
+        the forward."""
+        for s in seqs:
+            if not s.running:
+                raise ValueError("step() takes sequences that are prefilled and not finished")
+            s.prefill_logits = None  # forks happen before a sequence's first step
+        drafts, run, outputs = self._choose(seqs, max_rows) if seqs else ([], [], {})
+        pre_out: dict[int, StepOutput | None] = {}
+        chunks: list[tuple[int, SequenceState, int, int]] = []  # (index in prefills, seq, start, end)
+        for j, (s, max_tokens) in enumerate(prefills):
+            if s.released or s.prefill_done:
+                raise ValueError("this sequence is not waiting for a prefill")
+            start = s.prefilled
+            end = len(s.prompt) if max_tokens is None else min(len(s.prompt), start + max_tokens)
+            if not self.runner.reserve(s.slot, end):
+                self._finish(s, "length")
+                pre_out[j] = StepOutput((), "length", stats=s.stats)
+                continue
+            chunks.append((j, s, start, end))
+        seconds = decode_s = 0.0
+        if run or chunks:
+            seconds, decode_s, last_rows = self._run(seqs, drafts, run, outputs, chunks)
+            chunk_rows = sum(end - start for _, _, start, end in chunks)
+            for (j, s, start, end), logits in zip(chunks, last_rows, strict=True):
+                s.stats.prefill_s += (seconds - decode_s) * (end - start) / chunk_rows
+                pre_out[j] = self._prefilled(s, start, end, logits.float())
+        return Iteration([outputs[i] for i in range(len(seqs))], [pre_out[j] for j in range(len(prefills))],
+                         seconds, decode_s)
+
+    def _prefilled(self, seq: SequenceState, start: int, end: int, logits: torch.Tensor) -> StepOutput | None:
+        """Book a chunk ``prompt[start:end]`` that has gone through the forward (``logits``: its last
+        row's): keep it in the prefix cache when it is a whole chunk, and choose the first token when
+        the prompt is done."""
+        seq.prefilled = end
         chunk = self.prefill_chunk
         if (self.prefix_cache is not None and seq.namespace is not None and chunk is not None
                 and end - start == chunk and start % chunk == 0):  # a whole chunk: keep it for later prompts
@@ -234,24 +288,17 @@ class Engine:
             self._finish(seq, reason)
         return StepOutput(tuple(kept), reason, drafted, accepted, seq.stats)
 
-    # ---------------------------------------------------------------------------------------- step
-
-    @torch.inference_mode()
-    def step(self, seqs: Sequence[SequenceState], max_rows: int | None = None) -> list[StepOutput]:
-        """One decode/verify step for every sequence in ``seqs`` (each prefilled, not finished);
-        returns their outputs in the same order. ``max_rows`` caps the step's rows (root + draft
-        nodes of every sequence; at least one per sequence)."""
-        for s in seqs:
-            if not s.running:
-                raise ValueError("step() takes sequences that are prefilled and not finished")
-            s.prefill_logits = None  # forks happen before a sequence's first step
+    def _choose(self, seqs: Sequence[SequenceState],
+                max_rows: int | None) -> tuple[list[Draft], list[int], dict[int, StepOutput]]:
+        """Every sequence's draft and room for its rows. Returns the drafts, the indices of the
+        sequences that take part in the forward, and the outputs of those that ended instead (no room)."""
         rooms = [max(0, min(s.params.max_tokens - s.generated - 1, self.context_window - s.cache_len - 2,
                             s.max_draft)) for s in seqs]
         chosen = self.drafting.choose_batch([s.draft_inputs() for s in seqs], rooms,
                                             [s.cache_len for s in seqs], max_rows)
         drafts: list[Draft] = []
         outputs: dict[int, StepOutput] = {}
-        run: list[int] = []  # indices into seqs that take part in the forward
+        run: list[int] = []
         for i, (s, draft) in enumerate(zip(seqs, chosen, strict=True)):
             L = s.cache_len
             if len(draft) and not self.runner.reserve(s.slot, L + 1 + len(draft)):
@@ -263,15 +310,15 @@ class Engine:
                 continue
             drafts.append(draft)
             run.append(i)
-        if run:
-            self._run(seqs, drafts, run, outputs)
-        return [outputs[i] for i in range(len(seqs))]
+        return drafts, run, outputs
 
     def _run(self, seqs: Sequence[SequenceState], drafts: list[Draft], run: list[int],
-             outputs: dict[int, StepOutput]) -> None:
-        """The step's device work, with one host-to-device copy of all its inputs (the ragged batch,
-        every verification group's layout, the KV compaction plan: one :class:`kernels.HostStage`)
-        and one device-to-host read of all its results."""
+             outputs: dict[int, StepOutput], chunks: Sequence[tuple[int, SequenceState, int, int]],
+             ) -> tuple[float, float, list[torch.Tensor]]:
+        """The iteration's device work, with one host-to-device copy of all its inputs (the ragged
+        batch, every verification group's layout, the KV compaction plan: one
+        :class:`kernels.HostStage`) and one device-to-host read of the step's results. Returns the
+        seconds it took, the decode step's share of them and each chunk's last-row logits."""
         # rows grouped by verification rule, so that each group's logits rows are contiguous
         rejection = [i for i in run if drafts[i].probs is not None]
         order = [i for i in run if drafts[i].probs is None] + rejection
@@ -283,6 +330,12 @@ class Engine:
             d = drafts[i]
             parents = None if d.is_chain else [-1, *[p + 1 for p in d.parents]]
             rows.append(SeqRows(seqs[i].slot, [seqs[i].root, *d.tokens], parents))
+        n_step = sum(len(r.tokens) for r in rows)
+        keep = None
+        if chunks:  # logits of the step's rows and of each chunk's last row only
+            lasts = np.cumsum([end - start for _, _, start, end in chunks]) + n_step - 1
+            keep = stage.add(np.concatenate([np.arange(n_step), lasts]).astype(np.int64), torch.int64)
+            rows += [SeqRows(s.slot, s.prompt[start:end]) for _, s, start, end in chunks]
         batch = self.runner.plan(rows, stage)
         groups = []
         for rejection_group, group in ((False, order[:split]), (True, order[split:])):
@@ -298,20 +351,31 @@ class Engine:
         if any(not drafts[i].is_chain for i in order):
             plan = self.runner.pool.plan_compact([seqs[i].slot for i in order],
                                                  [seqs[i].cache_len + 1 for i in order], stage)
-        stage.upload()  # the step's one host-to-device copy
-        logits = self.runner.run(batch)  # [rows, vocab]
-        joined = self._verify(seqs, drafts, groups, logits)
-        if plan is not None:
-            self.runner.pool.compact_planned(plan, joined.accepted, joined.num_accepted)
-        results = joined.results()  # the step's one device-to-host read
+        stage.upload()  # the iteration's one host-to-device copy
+        logits = self.runner.run(batch, None if keep is None else keep.tensor)  # [kept rows, vocab]
+        results = []
+        if order:
+            joined = self._verify(seqs, drafts, groups, logits[:n_step])
+            if plan is not None:
+                self.runner.pool.compact_planned(plan, joined.accepted, joined.num_accepted)
+            results = joined.results()  # the step's one device-to-host read
+            for j, i in enumerate(order):
+                s = seqs[i]
+                self.runner.pool.truncate(s.slot, s.cache_len + 1 + results[j].num_accepted)
+        seconds = time.perf_counter() - t0
+        step_rows = [len(drafts[i]) + 1 for i in order]
+        contexts = [seqs[i].cache_len for i in order]
+        decode_s = seconds if order else 0.0
+        if order and chunks:  # the step's share of a shared forward: what it would cost alone, at most
+            steps = self.drafting.steps
+            alone = (steps.predict(step_rows, contexts) if steps.known()
+                     else seconds * n_step / batch.real_rows)
+            decode_s = min(seconds, alone)
+        elif order:  # only a step's own forward says what steps cost
+            self.drafting.observe_step(step_rows, contexts, seconds)
         for j, i in enumerate(order):
-            s = seqs[i]
-            self.runner.pool.truncate(s.slot, s.cache_len + 1 + results[j].num_accepted)
-        step_s = time.perf_counter() - t0
-        self.drafting.observe_step([len(drafts[i]) + 1 for i in order], [seqs[i].cache_len for i in order],
-                                   step_s)
-        for j, i in enumerate(order):
-            outputs[i] = self._advance(seqs[i], drafts[i], results[j], step_s)
+            outputs[i] = self._advance(seqs[i], drafts[i], results[j], decode_s)
+        return seconds, decode_s, [logits[n_step + k] for k in range(len(chunks))]
 
     def _verify(self, seqs: Sequence[SequenceState], drafts: list[Draft],
                 groups: list[tuple[bool, list[int], kernels.StagedRequests]],

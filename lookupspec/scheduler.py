@@ -7,13 +7,15 @@ here; the loop runs them together. Each iteration:
    freed within the iteration);
 2. admits waiting requests, oldest first, while slots allow (``max_batch`` sequences; a request with
    ``n`` choices needs ``n``) and the KV pool can hold them;
-3. prefills up to ``engine.prefill_chunk`` tokens, oldest request first, in chunks at fixed offsets
-   (so a request's tokens do not depend on the load; several short prompts' last chunks can share an
-   iteration); when a prompt is done, its first token goes out and its other choices fork from its
-   cache (one prefill for ``n`` choices);
-4. runs one engine step for every running sequence, its rows capped by ``max_batch_tokens`` minus the
-   prefill chunk (the drafting policy chooses the draft budget across the batch), and hands each
-   sequence's output to its sink.
+3. chooses up to ``engine.prefill_chunk`` prompt tokens, oldest request first, in chunks at fixed
+   offsets (so a request's tokens do not depend on the load; several short prompts' last chunks can
+   share an iteration);
+4. runs one engine forward (:meth:`Engine.iterate`) for those chunks and one decode/verify step of
+   every running sequence, its rows capped by ``max_batch_tokens`` minus the chunks (the drafting
+   policy chooses the draft budget across the batch). Running streams keep stepping while a long
+   prompt is prefilled, and their rows ride on the chunk's forward instead of paying a forward of
+   their own. Each sequence's output goes to its sink; when a prompt is done, its first token goes
+   out and its other choices fork from its cache (one prefill for ``n`` choices).
 
 A sink (:class:`Sink`) receives a sequence's outputs on the loop thread and must be quick (the
 gateway's detokenizes and hands text to the event loop). Returning False from ``deliver`` stops
@@ -103,11 +105,13 @@ class SchedulerStats:
     steps: int = 0
     step_rows: int = 0  # rows over all steps
     step_seqs: int = 0  # sequences over all steps
-    decode_s: float = 0.0  # time in engine steps
+    decode_s: float = 0.0  # time in engine steps (of a forward shared with prompt chunks: the step's
+    # estimated cost alone, from the step-cost model; the rest of the forward counts as prefill)
     decode_tokens: int = 0  # tokens emitted by engine steps
     prefill_s: float = 0.0
     prefill_tokens: int = 0
     prefill_chunks: int = 0
+    shared_forwards: int = 0  # forwards that ran prompt chunks and a decode step together
     admitted: int = 0
     finished: int = 0
     failed: int = 0
@@ -257,9 +261,8 @@ class Scheduler:
         now = time.perf_counter()
         self._drop_cancelled(now)
         admitted = self._admit()
-        chunk = self._prefill()
-        stepped = self._step(chunk)
-        return admitted or chunk > 0 or stepped
+        ran = self._iterate()
+        return admitted or ran
 
     # ---- parts of an iteration --------------------------------------------------------------------
 
@@ -306,40 +309,78 @@ class Scheduler:
             admitted = True
         return admitted
 
-    def _prefill(self) -> int:
-        """Prefill chunks, oldest request first, up to ``prefill_chunk`` tokens in all (at least one
-        chunk); returns the tokens prefilled. Each request's chunks stay at their fixed offsets: a short
-        prompt's last chunk leaves room for the next request's chunk in the same iteration."""
+    def _chunks(self) -> list[tuple[Request, int]]:
+        """This iteration's prompt chunks, oldest request first, up to ``prefill_chunk`` tokens in all
+        (at least one chunk): ``(request, tokens)``. Each request's chunks stay at their fixed offsets:
+        a short prompt's last chunk leaves room for the next request's chunk in the same iteration."""
         chunk = self.engine.prefill_chunk
-        budget = chunk if chunk is not None else None
+        out: list[tuple[Request, int]] = []
         done = 0
-        while self._prefilling:
-            req = self._prefilling[0]
+        for req in self._prefilling:
             seq = req.seqs[0]
             left = len(seq.prompt) - seq.prefilled
             size = left if chunk is None else min(chunk, left)
-            if done and (budget is None or size > budget - done):
+            if done and (chunk is None or size > chunk - done):
                 break
             done += size
-            self._prefill_one(req)
-        return done
+            out.append((req, size))
+        return out
 
-    def _prefill_one(self, req: Request) -> None:
+    def _iterate(self) -> bool:
+        """One engine forward: a step for every running sequence and this iteration's prompt chunks."""
+        live = [(r, j) for r, j in self._running if r.seqs[j].running]
+        self._running = list(live)  # a prompt finished in this forward joins from the next one
+        chunks = self._chunks()
+        if not live and not chunks:
+            return False
+        seqs = [r.seqs[j] for r, j in live]
+        prefilled = sum(size for _, size in chunks)
+        max_rows = None
+        if self.max_batch_tokens is not None and live:
+            max_rows = max(len(seqs), self.max_batch_tokens - prefilled)
+        before = [req.seqs[0].prefilled for req, _ in chunks]
+        try:
+            it = self.engine.iterate(seqs, [(req.seqs[0], size) for req, size in chunks], max_rows)
+        except Exception:
+            log.exception("a batched forward failed; retrying its prompt chunks and sequences one at a time")
+            for req, _ in chunks:
+                self.engine.rollback(req.seqs[0])
+            for req, size in chunks:
+                self._prefill_alone(req, size)
+            if live:
+                t0 = time.perf_counter()
+                self._observe(live, self._step_alone(live), time.perf_counter() - t0)
+            return True
+        self.stats.prefill_s += it.seconds - it.decode_s
+        for (req, _), first, start in zip(chunks, it.prefills, before, strict=True):
+            self._prefilled(req, first, start)
+        if live:
+            self.stats.shared_forwards += bool(chunks)
+            self._observe(live, list(it.steps), it.decode_s)
+        return True
+
+    def _prefill_alone(self, req: Request, size: int) -> None:
         seq = req.seqs[0]
         before = seq.prefilled
         t0 = time.perf_counter()
         try:
-            first = self.engine.prefill(seq, self.engine.prefill_chunk)
+            first = self.engine.prefill(seq, size)
         except Exception as exc:
-            self._prefilling.popleft()
+            self._prefilling.remove(req)
             self._end(req, exc)
             return
         self.stats.prefill_s += time.perf_counter() - t0
+        self._prefilled(req, first, before)
+
+    def _prefilled(self, req: Request, first: StepOutput | None, before: int) -> None:
+        """Book a request's chunk; when its prompt is done, send its first token and fork its other
+        choices from its cache (one prefill for ``n`` choices)."""
+        seq = req.seqs[0]
         self.stats.prefill_tokens += seq.prefilled - before
         self.stats.prefill_chunks += 1
         if first is None:
             return
-        self._prefilling.popleft()
+        self._prefilling.remove(req)
         outputs = [(0, first)]
         for j in range(1, req.n):  # the other choices share the prefill
             try:
@@ -353,30 +394,14 @@ class Scheduler:
         for j, out in outputs:
             self._deliver(req, j, out)
 
-    def _step(self, prefilled: int) -> bool:
-        live = [(r, j) for r, j in self._running if r.seqs[j].running]
-        self._running = live
-        if not live:
-            return False
-        seqs = [r.seqs[j] for r, j in live]
-        max_rows = None
-        if self.max_batch_tokens is not None:
-            max_rows = max(len(seqs), self.max_batch_tokens - prefilled)
-        t0 = time.perf_counter()
-        outs: list[StepOutput | None]
-        try:
-            outs = list(self.engine.step(seqs, max_rows))
-        except Exception:
-            log.exception("a batched step failed; retrying its sequences one at a time")
-            outs = self._step_alone(live)
-        seconds = time.perf_counter() - t0
+    def _observe(self, live: list[tuple[Request, int]], outs: list[StepOutput | None],
+                 seconds: float) -> None:
         nodes = sum(o.draft_tokens for o in outs if o is not None)
         tokens = sum(len(o.tokens) for o in outs if o is not None)
-        self.stats.observe_step(len(seqs), len(seqs) + nodes, nodes, seconds, tokens)
+        self.stats.observe_step(len(live), len(live) + nodes, nodes, seconds, tokens)
         for (req, j), out in zip(live, outs, strict=True):
             if out is not None:
                 self._deliver(req, j, out)
-        return True
 
     def _step_alone(self, live: list[tuple[Request, int]]) -> list[StepOutput | None]:
         """After a failed batched step: each sequence alone, so that only a failing one ends."""

@@ -21,16 +21,18 @@ tensors (no autograd, no ``state_dict``, no ``.to(device)``).
 gate/up) as one matmul over their stacked weights: one oneDNN call instead of three or two, which
 is what a decode step's few rows pay for (~50 us per call here). Each output column is still the
 same dot product; :meth:`FusedLinears.fuse` keeps a fusion only where a probe shows the separate
-layers' outputs bit for bit. The lean forward uses it for decode and verification; prefill keeps
-the separate layers, on which it is faster (1000 rows: 1.09 s unfused vs 1.20 s fused, measured).
+layers' outputs bit for bit (up to 200 rows). The lean forward uses it for every forward, prompt
+chunks included (at 128-row chunks fused and separate layers take the same time; one 1000-row
+product is ~10% slower fused: 1.20 s against 1.09 s, measured).
 
 Batch invariance. A batched forward stacks the rows of many sequences into one product, so a row's
 result must not depend on the other rows. oneDNN's packed products satisfy this for 2 rows and more
-(probed up to 300 rows at random offsets), but for some shapes a one-row product takes another kernel
-and differs in the last bits (SmolLM2's 1536-wide down projection; MKL's plain ``sgemm`` differs at
-almost every row count). :func:`single_row_differs` probes each shape once; a layer whose one-row
-product differs runs it as two copies of the row (``pad_single``), which costs little (the weight is
-read once either way) and makes every row count agree.
+(SmolLM2's shapes measured up to 400 rows at random offsets; every load probes up to 300), but for
+some shapes a one-row product takes another kernel and differs in the last bits (SmolLM2's 1536-wide
+down projection; MKL's plain ``sgemm`` differs at almost every row count).
+:func:`single_row_differs` probes each shape once; a layer whose one-row product differs runs it as
+two copies of the row (``pad_single``), which costs little (the weight is read once either way) and
+makes every row count agree.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ import torch
 __all__ = ["FusedLinears", "PackedLinear", "pack_linears", "packing_available", "single_row_differs"]
 
 _BATCH_HINT = 8  # the row count oneDNN tunes the layout for; measured best for 1-32 rows here
-_PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 24, 32, 48, 100)
-_ROW_COUNTS = (2, 3, 5, 8, 13, 32, 100)  # batch-invariance probe: products of these many rows
+_PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 24, 32, 48, 100, 136, 200)
+# batch-invariance probe: products of these many rows (a prompt chunk of 128 rows and a step's decode
+# rows share a forward, so the counts reach past the chunk)
+_ROW_COUNTS = (2, 3, 5, 8, 13, 32, 100, 136, 300)
 
 
 def _matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
@@ -78,6 +82,7 @@ def single_row_differs(packed: torch.Tensor, bias: torch.Tensor | None, in_featu
             full = _matmul(x, packed, bias, False)
             multi = all(torch.equal(_matmul(x[:m], packed, bias, False), full[:m]) for m in _ROW_COUNTS[:-1])
             multi = multi and torch.equal(_matmul(x[7:10], packed, bias, False), full[7:10])
+            multi = multi and torch.equal(_matmul(x[37:177], packed, bias, False), full[37:177])
             single = torch.equal(_matmul(x[:1], packed, bias, False), full[:1])
         _ROW_MEMO[key] = None if not multi else not single
     return _ROW_MEMO[key]

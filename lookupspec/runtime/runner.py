@@ -4,13 +4,14 @@ The engine hands the runner token ids and tree structure; the runner owns everyt
 the target model: the attention implementation it is switched to, the lean forward where the
 architecture allows one, the KV :class:`~lookupspec.runtime.kvpool.SlotPool`, device and dtype.
 
-- ``prefill(slot, ids)`` runs one chunk of a prompt (a causal chain after the slot's cached
-  positions) through transformers' forward and returns the last row's logits. Long prompts are
-  prefilled in chunks, each a call, so a scheduler can interleave them with decode steps.
-- ``forward(seqs)`` runs a ragged batch (:mod:`lookupspec.runtime.batch`): every sequence's rows
-  (root + draft nodes, a chain, or one token) in one forward, each attending only to its own cache.
-  Logits for all rows come back in one ``[rows, vocab]`` tensor. The lean forward serves it where it
-  covers the model; transformers' forward (switched to the runtime's attention) everywhere else.
+- ``forward(seqs, keep)`` runs a ragged batch (:mod:`lookupspec.runtime.batch`): every sequence's
+  rows (root + draft nodes, one token, or a chunk of a prompt) in one forward, each attending only to
+  its own cache. Logits come back in one ``[rows, vocab]`` tensor, or only those of the rows in
+  ``keep`` (a prompt chunk needs its last row's: the LM head over a 128-row chunk would cost a third
+  of the chunk). The lean forward serves it where it covers the model; transformers' forward
+  (switched to the runtime's attention) everywhere else.
+- ``prefill(slot, ids)`` is ``forward`` of one prompt chunk alone, keeping its last row. Long prompts
+  are prefilled in chunks, so a scheduler can run them in the same forwards as decode steps.
 
 When a runner is built it checks itself against the model (:meth:`ModelRunner._probe`):
 
@@ -18,10 +19,11 @@ When a runner is built it checks itself against the model (:meth:`ModelRunner._p
    (an architecture the runtime cannot serve, e.g. one that keeps recurrent state, fails here with
    a clear error instead of producing wrong tokens later);
 2. batch invariance: one sequence's logits alone and among other sequences of different lengths and
-   row counts must be bit-identical. Attention is per sequence (:func:`.attention.attend`), so the
-   row-wise ops decide it, the linear layers above all. oneDNN-packed float32 layers pad their own
-   one-row products where one row would take another kernel (:mod:`.cpu_linear`), so a packed model
-   is batch-invariant as it is. For other layers the probe tries padding every one-row forward to
+   row counts (one token, a draft tree, a prompt chunk) must be bit-identical. Attention is per
+   sequence (:func:`.attention.attend`), so the row-wise ops decide it, the linear layers above all.
+   oneDNN-packed float32 layers pad their own one-row products where one row would take another
+   kernel (:mod:`.cpu_linear`), so a packed model is batch-invariant as it is.
+   For other layers the probe tries padding every one-row forward to
    two rows (``pad_to = 2``: bfloat16's products agree from two rows on). Where neither works
    (MKL's plain float32 ``sgemm`` depends on the row count throughout), ``batch_invariant`` is False:
    batched outputs may then differ from batch-of-one ones at float near-ties, which the benchmarks
@@ -33,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from lookupspec.kernels import HostStage
@@ -147,19 +150,22 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, slot: int, ids: Sequence[int]) -> torch.Tensor:
         """Append ``ids`` to ``slot`` (a causal chunk after its cached positions); returns the last
-        row's logits ``[vocab]`` (float32). Raises :class:`PoolFull` past the pool's limits."""
-        self.pool.ensure(slot, self.length(slot) + len(ids))
-        batch = RaggedBatch(self.pool, [SeqRows(slot, ids)])
-        logits = self._hf(batch, logits_to_keep=1)
-        self.pool.advance(slot, len(ids))
-        return logits[-1].float()
+        row's logits ``[vocab]`` (float32). The same forward as a chunk that shares a batch with other
+        sequences' rows (:meth:`forward` with ``keep``). Raises :class:`PoolFull` past the pool's
+        limits."""
+        stage = HostStage(self.device)
+        last = stage.add(np.asarray([len(ids) - 1], np.int64), torch.int64)
+        batch = self.plan([SeqRows(slot, ids)], stage)
+        stage.upload()
+        return self.run(batch, keep=last.tensor)[-1].float()
 
     @torch.inference_mode()
-    def forward(self, seqs: Sequence[SeqRows]) -> torch.Tensor:
+    def forward(self, seqs: Sequence[SeqRows], keep: torch.Tensor | None = None) -> torch.Tensor:
         """One forward over every sequence's rows; returns logits ``[rows, vocab]`` in the order of
-        ``seqs`` (float32 for float32 models, the model's dtype otherwise). Each slot advances by its
-        rows; the caller truncates what verification rejects."""
-        return self.run(self.plan(seqs))
+        ``seqs`` (float32 for float32 models, the model's dtype otherwise), or only of the rows listed
+        in ``keep`` (a 1-D index tensor on the runner's device). Each slot advances by its rows; the
+        caller truncates what verification rejects."""
+        return self.run(self.plan(seqs), keep)
 
     def plan(self, seqs: Sequence[SeqRows], stage: HostStage | None = None) -> RaggedBatch:
         """The host half of :meth:`forward`: room in every slot, then the batch's inputs as pieces of
@@ -169,18 +175,18 @@ class ModelRunner:
         return RaggedBatch(self.pool, seqs, pad_to=self.pad_to, stage=stage)
 
     @torch.inference_mode()
-    def run(self, batch: RaggedBatch) -> torch.Tensor:
+    def run(self, batch: RaggedBatch, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The device half of :meth:`forward`, on a planned batch whose stage has been uploaded."""
         batch.bind()
-        logits = self.lean(batch) if self.lean is not None else self._hf(batch)
+        logits = self.lean(batch, keep) if self.lean is not None else self._hf(batch, keep)
         for v in batch.views:
             self.pool.advance(v.slot, v.rows)
-        return logits[: batch.real_rows]
+        return logits if keep is not None else logits[: batch.real_rows]
 
-    def _hf(self, batch: RaggedBatch, logits_to_keep: int = 0) -> torch.Tensor:
+    def _hf(self, batch: RaggedBatch, keep: torch.Tensor | None = None) -> torch.Tensor:
         with active_batch(batch):
             out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
-                             logits_to_keep=logits_to_keep)
+                             logits_to_keep=0 if keep is None else keep)
         return out.logits[0]
 
     # ---- self-check ---------------------------------------------------------------------------------
@@ -208,15 +214,16 @@ class ModelRunner:
         windows = [s.window for s in self.layers if s.window is not None]
         self._check_against_transformers(ids(max(1, min([11, *(w - 5 for w in windows)]))), ids(5),
                                          [-1, 0, 0, 1, 3])
-        prompts = {"a": ids(9), "b": ids(13), "c": ids(6)}
+        prompts = {"a": ids(9), "b": ids(13), "c": ids(6), "d": ids(7)}
         slots = {}
         try:
             for name, p in prompts.items():
-                slots[name] = self.allocate(len(p) + 16)
+                slots[name] = self.allocate(len(p) + 32)
                 self.prefill(slots[name], p)
             a = SeqRows(slots["a"], ids(1))
             b = SeqRows(slots["b"], ids(1))
             c = SeqRows(slots["c"], ids(5), [-1, 0, 0, 1, 1])
+            d = SeqRows(slots["d"], ids(24))  # a prompt chunk sharing the forward with decode rows
 
             def run(seqs: list[SeqRows], pad_to: int) -> dict[int, torch.Tensor]:
                 saved, self.pad_to = self.pad_to, pad_to
@@ -231,9 +238,10 @@ class ModelRunner:
                     self.pool.truncate(s.slot, self.length(s.slot) - len(s.tokens))
                 return out
 
-            mixed = [run([a, b], 1), run([b, a], 1), run([c, a], 1), run([a, c, b], 1)]
-            c_alone = run([c], 1)[c.slot]
+            mixed = [run([a, b], 1), run([b, a], 1), run([c, a], 1), run([a, c, b], 1), run([a, d, c], 1)]
+            c_alone, d_alone = run([c], 1)[c.slot], run([d], 1)[d.slot]
             same_c = all(torch.equal(m[c.slot], c_alone) for m in mixed if c.slot in m)
+            same_c = same_c and all(torch.equal(m[d.slot], d_alone) for m in mixed if d.slot in m)
             a_in = [m[a.slot] for m in mixed]
             consistent = same_c and all(torch.equal(x, a_in[0]) for x in a_in)
             for pad in (1, 2):

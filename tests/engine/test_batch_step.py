@@ -1,6 +1,7 @@
 """Engine.step over many sequences: every sequence gets exactly its batch-of-one tokens (greedy and
 seeded sampling, chains and trees, sliding-window families), sequences join and leave mid-flight with
-chunked prefills between steps, and a sequence whose KV slot cannot grow ends alone with "length"."""
+chunked prefills between steps or in the same forward as the steps (Engine.iterate), and a sequence
+whose KV slot cannot grow ends alone with "length"."""
 
 from __future__ import annotations
 
@@ -48,9 +49,10 @@ def _plain(model, requests):
             for p, params in requests}
 
 
-def _batched(engine, requests, spec, *, chunk=None, stagger=0):
+def _batched(engine, requests, spec, *, chunk=None, stagger=0, shared=False):
     """Run every request through Engine.step together; request i joins after i * stagger steps and
-    prefills ``chunk`` tokens per step while the others decode."""
+    prefills ``chunk`` tokens per step while the others decode: in forwards of their own, or with
+    ``shared`` in the steps' forwards (Engine.iterate)."""
     pending = list(enumerate(requests))
     live, out = [], {}
     steps = 0
@@ -59,14 +61,22 @@ def _batched(engine, requests, spec, *, chunk=None, stagger=0):
             _, (prompt, params) = pending.pop(0)
             live.append((engine.start(prompt, params, spec), []))
         ready = [(s, toks) for s, toks in live if s.prefill_done]
-        for s, toks in live:
-            if not s.prefill_done:
-                first = engine.prefill(s, chunk)
-                if first is not None:
-                    toks.extend(first.tokens)
         step = [(s, toks) for s, toks in ready if s.running]
-        for (_, toks), o in zip(step, engine.step([s for s, _ in step]) if step else [], strict=True):
-            toks.extend(o.tokens)
+        if shared:
+            pre = [(s, toks) for s, toks in live if not s.prefill_done]
+            it = engine.iterate([s for s, _ in step], [(s, chunk) for s, _ in pre])
+            for (_, toks), o in zip(step, it.steps, strict=True):
+                toks.extend(o.tokens)
+            for (_, toks), first in zip(pre, it.prefills, strict=True):
+                toks.extend(first.tokens if first is not None else ())
+        else:
+            for s, toks in live:
+                if not s.prefill_done:
+                    first = engine.prefill(s, chunk)
+                    if first is not None:
+                        toks.extend(first.tokens)
+            for (_, toks), o in zip(step, engine.step([s for s, _ in step]) if step else [], strict=True):
+                toks.extend(o.tokens)
         for s, toks in list(live):
             if s.finish_reason is not None:
                 out[s.prompt] = toks
@@ -91,7 +101,50 @@ def test_batched_steps_give_every_sequence_its_own_tokens(tiny_models, name, sha
     assert together == alone
     staggered = _batched(engine, requests, spec, chunk=8, stagger=3)  # joins mid-flight, chunked prefill
     assert staggered == alone
+    shared = _batched(engine, requests, spec, chunk=8, stagger=3, shared=True)  # chunks in steps' forwards
+    assert shared == alone
+    assert _batched(engine, requests, spec, stagger=2, shared=True) == alone  # whole prompts in a forward
     assert engine.runner.pool.in_use() == 0  # every finished sequence freed its slot
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+def test_a_prompt_chunk_sharing_a_step_writes_the_cache_and_logits_of_its_own_forward(tiny_models,
+                                                                                      name) -> None:
+    """Bit for bit: the KV entries a chunk writes and its last row's logits do not depend on the decode
+    rows and other chunks it shares a forward with."""
+    model = _model(tiny_models, name)
+    requests = _requests()
+    engine = Engine(model, lookup=ScriptedDrafting(_plain(model, requests), "tree", 512), policy=FIXED)
+    spec = SpecParams(max_draft_tokens=6)
+    prompt = requests[4][0]  # 60 tokens: past the sliding fixtures' window of 12
+
+    def prefill(others):
+        """The prompt in chunks of 16, each sharing its forward with ``others`` (prefilled sequences
+        stepping, and a second prompt's chunks); returns its last logits and its cache."""
+        runners = [engine.start(p, params, spec) for p, params in others]
+        for s in runners:
+            engine.prefill(s)
+        seq = engine.start(prompt, GenerationParams(max_tokens=4))
+        extra = engine.start(requests[1][0], requests[1][1], spec) if others else None
+        while not seq.prefill_done:
+            chunks = [(seq, 16)] + ([(extra, 8)] if extra is not None and not extra.prefill_done else [])
+            engine.iterate([s for s in runners if s.running], chunks)
+        logits = seq.prefill_logits.clone()
+        pool = engine.runner.pool
+        cache = []
+        for i in range(len(engine.runner.layers)):  # entry 0 holds position start (sliding layers: later)
+            entries = len(prompt) - pool.start(seq.slot, i)
+            cache.append((pool.keys(i)[seq.slot, :, :entries].clone(),
+                          pool.values(i)[seq.slot, :, :entries].clone()))
+        for s in [*runners, seq, *([extra] if extra is not None else [])]:
+            engine.release(s)
+        return logits, cache
+
+    alone_logits, alone_cache = prefill([])
+    shared_logits, shared_cache = prefill(requests[:3])
+    assert torch.equal(alone_logits, shared_logits)
+    for (k0, v0), (k1, v1) in zip(alone_cache, shared_cache, strict=True):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
 
 
 def test_plain_and_speculative_sequences_share_a_step(tiny_models) -> None:
@@ -159,3 +212,4 @@ def test_batched_steps_on_smollm2_equal_batch_of_one(real_text_engine) -> None:
              for p, params in requests}
     assert _batched(engine, requests, spec) == alone
     assert _batched(engine, requests, spec, chunk=16, stagger=2) == alone
+    assert _batched(engine, requests, spec, chunk=16, stagger=2, shared=True) == alone

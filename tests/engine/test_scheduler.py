@@ -99,6 +99,8 @@ def test_requests_run_together_and_each_gets_its_own_tokens(model) -> None:
     assert st.steps < sum(len(s.tokens) for s in sinks)  # batched and speculative
     assert max(st.by_batch) == 3  # never more than max_batch in a step
     assert st.step_rows <= 64 * st.steps
+    assert st.shared_forwards > 0  # prompt chunks rode on steps' forwards
+    assert st.prefill_s > 0 and st.decode_s > 0
     assert engine.runner.pool.in_use() == 0
 
 
