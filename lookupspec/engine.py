@@ -21,6 +21,11 @@ in ``lookupspec.verify``):
    exactly as the plain loop would cut them and returned as a :class:`~lookupspec.sequence.StepOutput`;
    a finished sequence frees its slot at once.
 
+``iterate(seqs, prefills)`` is both in one forward: a step of ``seqs`` and a prompt chunk of each
+sequence in ``prefills`` (``prefill`` and ``step`` are its two halves alone). A scheduler uses it so
+that the running sequences' rows ride on a prompt chunk's forward. ``warmup()``
+(:mod:`lookupspec.warmup`) compiles the kernels and seeds the step-cost model before serving.
+
 ``generate(prompt_ids, params, spec, scope)`` is the batch-of-one API on top: it yields one
 ``StepOutput`` per target forward.
 
@@ -48,7 +53,7 @@ from lookupspec.drafting.policy import Draft, DraftPolicy
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.runtime import ModelRunner, PoolFull, SeqRows, use_runtime_attention
 from lookupspec.runtime.prefix_cache import PrefixCache
-from lookupspec.sampling import SamplingParams, select_tokens
+from lookupspec.sampling import select_tokens
 from lookupspec.sequence import SequenceState, StepOutput, finish_tokens
 from lookupspec.stats import AggregateStats
 from lookupspec.verify import VerifyResult
@@ -446,71 +451,11 @@ class Engine:
 
     def warmup(self, sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), batches: Sequence[int] = (1, 2, 4, 8),
                context: int = 64) -> None:
-        """Seed the step cost model with measured forwards on dummy contexts: one sequence over each
-        of ``sizes`` rows, and ``batches`` sequences of 1 and 4 rows each. Each shape runs once
-        untimed first: the first forward of a new shape pays one-time set-up costs that would otherwise
-        read as a very expensive step and switch speculation off; on CUDA every timing is taken between
-        two synchronisations. Before that it launches every verification and compaction kernel variant
-        a step can use (:meth:`_warm_kernels`), so that no compile lands in a request's step or in
-        the cost model."""
-        sizes = [n for n in sizes if n + 2 < self.context_window]
-        context = max(1, min(context, self.context_window - max(sizes, default=1) - 2))
-        shapes = [(1, n) for n in sizes] + [(b, r) for b in batches if b > 1 for r in (1, 4)]
-        nb = min(max(b for b, _ in shapes), self.runner.pool.max_slots)
-        slots = []
-        try:
-            with torch.inference_mode():
-                for j in range(nb):
-                    slots.append(self.runner.allocate(context + max(sizes, default=1) + 2))
-                    self.runner.prefill(slots[-1], [(i + j) % self.vocab_size for i in range(context)])
-                self._warm_kernels(slots[0], context)
-                for b, r in shapes:
-                    rows = [SeqRows(slot, [7 % self.vocab_size] * r) for slot in slots[:b]]
-                    times = []
-                    for _ in range(3):
-                        self._sync()  # time the forward, not the launches queued before it
-                        t0 = time.perf_counter()
-                        logits = self.runner.forward(rows)
-                        self._sync()  # ... and not only its launch (CUDA runs asynchronously)
-                        times.append(time.perf_counter() - t0)
-                        del logits
-                        for slot in slots[:b]:
-                            self.runner.pool.truncate(slot, context)
-                    self.drafting.observe_step([r] * len(rows), [context] * len(rows), min(times[1:]))
-        finally:
-            for slot in slots:
-                self.runner.free(slot)
+        """Compile every kernel variant a step can use and seed the step-cost model with measured
+        forwards (:func:`lookupspec.warmup.warm_up`)."""
+        from lookupspec.warmup import warm_up
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def _warm_kernels(self, slot: int, context: int) -> None:
-        """Launch every compiled kernel variant a step can use, so that no request pays a compile:
-        each verification mode (rejection only with a draft model) for every walk block size the
-        tree sizes ``0 .. max_draft_tokens`` of the engine's default spec map to, and the KV
-        compaction for every path-width block. The per-step integers of the kernels are not
-        specialised on (``kernels.variants``), so these are all the variants. Requests that ask for
-        larger trees than the default spec compile their block sizes on first use."""
-        max_nodes = self.default_spec.max_draft_tokens
-        blocks = sorted({1 << max(0, (n - 1).bit_length()) for n in range(1, max_nodes + 1)} | {1})
-        modes = ["greedy", "match"] + (["rejection"] if self.draft_model is not None else [])
-        logits_dtype = torch.float32 if self.dtype == torch.float32 else self.dtype
-        sampling = SamplingParams(temperature=0.5, seed=0)  # sampled rows: the path the modes differ in
-        for n in [0, *blocks] if max_nodes else [0]:
-            n = min(n, max_nodes)
-            logits = torch.zeros((n + 1, self.vocab_size), dtype=logits_dtype, device=self.device)
-            packed = kernels.pack_requests([([0] * n, list(range(-1, n - 1)))], [sampling], [context],
-                                           device=self.device)
-            for mode in modes:
-                probs = (torch.full((n, self.vocab_size), 1.0 / self.vocab_size, dtype=torch.float32,
-                                    device=self.device) if mode == "rejection" else None)
-                kernels.verify_batch(logits, **packed._asdict(), mode=mode, draft_probs=probs, checked=True)
-            if n:  # an accepted path of width n: nothing moves (num_accepted 0), every block size compiles
-                path = torch.full((1, n), -1, dtype=torch.int64, device=self.device)
-                self.runner.pool.compact([slot], path, torch.zeros(1, dtype=torch.int64, device=self.device),
-                                         [context])
-        self._sync()
+        warm_up(self, sizes, batches, context)
 
     def cost_table(self, upto: int, context: int = 1000) -> Any:
         """Estimated seconds of a one-sequence step over 1..upto rows at ``context`` cached positions

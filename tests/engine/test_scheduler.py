@@ -152,6 +152,34 @@ def test_cancel_deadline_stop_and_failure_end_only_their_own_request(model) -> N
     assert engine.runner.pool.in_use() == 0
 
 
+def test_a_shared_forward_that_fails_is_retried_in_parts(model) -> None:
+    """A forward carrying prompt chunks and a step raises (once, after writing its KV): the chunks are
+    rolled back and run alone, the step runs sequence by sequence, and every request still gets its
+    own tokens."""
+    requests = _requests(4)
+    engine, truth = _engine(model, requests, prefill_chunk=8)
+    sched = Scheduler(engine, max_batch=4)
+    sinks = [Collect() for _ in requests]
+    for (prompt, params), sink in zip(requests, sinks, strict=True):
+        sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=4))
+    real = engine.runner.run
+    failed = []
+
+    def run(batch, keep=None):
+        logits = real(batch, keep)  # the KV of every row is written and the slots advanced ...
+        if keep is not None and len(batch.views) > 1 and not failed:  # ... a chunk shares a step
+            failed.append(batch.real_rows)
+            raise RuntimeError("the forward failed")
+        return logits
+
+    engine.runner.run = run
+    _drain(sched, sinks)
+    assert failed
+    assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
+    assert all(s.error is None for s in sinks)
+    assert engine.runner.pool.in_use() == 0
+
+
 def test_threads_submit_concurrently_and_stop_cancels_the_rest(model) -> None:
     requests = _requests(6)
     engine, truth = _engine(model, requests)
