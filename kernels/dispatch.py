@@ -13,7 +13,7 @@ How the engine runs one step (request batch of 1; ``root`` is the last accepted 
     fwd_parents = [-1] + [p + 1 for p in parents]
     mask, pos = tree_mask(torch.tensor(fwd_parents, device=dev), P, model.dtype)
     out = model(input_ids=torch.tensor([ids], device=dev), attention_mask=mask, position_ids=pos,
-                past_key_values=cache)
+                cache=cache)                  # past_key_values= before transformers 5.24
     batch = pack_requests([(tokens, parents)], [params], [P], device=dev)
     res = verify_batch(out.logits[0], **batch._asdict(), mode="match")  # rows: root, then nodes
     compact_cache(cache, res.accepted, res.num_accepted, base=P + 1)     # node 0's cache slot

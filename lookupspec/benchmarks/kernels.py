@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lookupspec.hf_compat import with_cache
+
 __all__ = ["configure", "run"]
 
 # Llama-shaped configurations for the decode-step timing (random weights).
@@ -156,11 +158,12 @@ def _decode_step(model: Any, config: Any, prefix: Any, nodes: int, mode: str, pa
     packed = pack_requests([(tokens, parents)], [params], [p_len], device="cuda")._asdict()
     cache = transformers.DynamicCache(config=config)
     with torch.no_grad():
-        model(input_ids=prefix, past_key_values=cache)
+        model(input_ids=prefix, **with_cache(model, cache))
 
     def tree_logits(backend: str) -> Any:
         mask, pos = tree_mask(fwd_parents, p_len, dtype, backend=backend)
-        return model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache).logits[0]
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                     **with_cache(model, cache)).logits[0]
 
     def step(backend: str) -> int:
         with torch.no_grad():

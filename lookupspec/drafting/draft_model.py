@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from lookupspec.hf_compat import with_cache
 from lookupspec.runtime.kvcache import KVCache
 from lookupspec.sampling import (
     STREAM_DRAFT,
@@ -53,7 +54,8 @@ class DraftModelDrafter:
     @torch.inference_mode()
     def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        kv = with_cache(self.model, self.cache)
+        out = self.model(input_ids=ids, **kv, use_cache=True, logits_to_keep=1)
         self.cached.extend(int(t) for t in tokens)
         return out.logits[0, -1].float()  # [vocab]
 

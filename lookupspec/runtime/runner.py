@@ -260,6 +260,7 @@ class ModelRunner:
         from transformers import DynamicCache
 
         from lookupspec import kernels
+        from lookupspec.hf_compat import with_cache
 
         slot = self.allocate(len(prompt) + len(tokens))
         try:
@@ -273,10 +274,11 @@ class ModelRunner:
         cfg = self.model.config.get_text_config(decoder=True)
         cache = DynamicCache(config=cfg)
         x = torch.tensor([prompt], device=self.device)
-        ref_prefill = self.model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1].float()
+        kv = with_cache(self.model, cache)
+        ref_prefill = self.model(input_ids=x, **kv, use_cache=True).logits[0, -1].float()
         mask, pos = kernels.tree_mask(torch.tensor(parents, device=self.device), len(prompt), self.dtype)
-        ref_tree = self.model(input_ids=torch.tensor([tokens], device=self.device), past_key_values=cache,
-                              use_cache=True, attention_mask=mask, position_ids=pos).logits[0].float()
+        ref_tree = self.model(input_ids=torch.tensor([tokens], device=self.device), **kv, use_cache=True,
+                              attention_mask=mask, position_ids=pos).logits[0].float()
         tol = 1e-3 if self.dtype == torch.float32 else 5e-2
         for name, got, ref in (("prefill", got_prefill, ref_prefill), ("tree", got_tree, ref_tree)):
             scale = max(1.0, float(ref.abs().max()))

@@ -19,6 +19,7 @@ from lookupspec.kernels import (
     verify_batch,
 )
 
+from lookupspec.hf_compat import with_cache
 from lookupspec.sampling import SamplingParams
 from lookupspec.tiny import FIXTURES
 
@@ -130,11 +131,11 @@ def test_tree_step_on_a_tiny_llama(backend: str, gen: torch.Generator, device: t
     tokens = torch.randint(vocab, (8,), generator=gen).tolist()
     cache = transformers.DynamicCache(config=config)
     with torch.no_grad():
-        model(input_ids=torch.tensor([prefix], device=device), past_key_values=cache)
+        model(input_ids=torch.tensor([prefix], device=device), **with_cache(model, cache))
         fwd_parents = torch.tensor([-1] + [p + 1 for p in parents], device=device)
         mask, pos = tree_mask(fwd_parents, len(prefix), torch.float32, backend=backend)
         out = model(input_ids=torch.tensor([[root, *tokens]], device=device), attention_mask=mask,
-                    position_ids=pos, past_key_values=cache).logits[0]
+                    position_ids=pos, **with_cache(model, cache)).logits[0]
 
     def path(i: int) -> list[int]:
         nodes = []
@@ -156,7 +157,7 @@ def test_tree_step_on_a_tiny_llama(backend: str, gen: torch.Generator, device: t
     cache.crop(-(len(tokens) - len(keep)))  # transformers 5: a negative count of tokens to drop
     nxt = int(torch.randint(vocab, (1,), generator=gen))
     with torch.no_grad():
-        cont = model(input_ids=torch.tensor([[nxt]], device=device), past_key_values=cache,
+        cont = model(input_ids=torch.tensor([[nxt]], device=device), **with_cache(model, cache),
                      position_ids=torch.tensor([[base + len(keep)]], device=device)).logits[0, -1]
     expect = last_logits([*prefix, root] + [tokens[j] for j in keep] + [nxt])
     torch.testing.assert_close(cont, expect, atol=1e-4, rtol=1e-4)
@@ -180,7 +181,7 @@ def test_speculative_greedy_loop_equals_plain_greedy(backend: str, gen: torch.Ge
             ids = torch.tensor([prompt + plain], device=device)
             plain.append(int(model(input_ids=ids).logits[0, -1].argmax()))
         cache = transformers.DynamicCache(config=config)
-        model(input_ids=torch.tensor([prompt[:-1]], device=device), past_key_values=cache)
+        model(input_ids=torch.tensor([prompt[:-1]], device=device), **with_cache(model, cache))
         out: list[int] = []
         root, p_len = prompt[-1], len(prompt) - 1  # the root is not in the cache yet
         while len(out) < new:
@@ -200,7 +201,7 @@ def test_speculative_greedy_loop_equals_plain_greedy(backend: str, gen: torch.Ge
             fwd_parents = torch.tensor([-1] + [p + 1 for p in parents], device=device)
             mask, pos = tree_mask(fwd_parents, p_len, torch.float32, backend=backend)
             logits = model(input_ids=torch.tensor([[root, *tokens]], device=device), attention_mask=mask,
-                           position_ids=pos, past_key_values=cache).logits[0]
+                           position_ids=pos, **with_cache(model, cache)).logits[0]
             batch = pack_requests([(tokens, parents)], [SamplingParams()], [p_len], device=device)
             res = verify_batch(logits, **batch._asdict(), mode="greedy", backend=backend)
             compact_cache(cache, res.accepted, res.num_accepted, p_len + 1, backend=backend)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lookupspec import kernels
+from lookupspec.hf_compat import with_cache
 from lookupspec.runtime import ATTN_NAME, KVCache, use_runtime_attention
 
 
@@ -27,7 +28,7 @@ def test_outside_a_batch_it_is_bit_identical_to_sdpa(tiny_models, name) -> None:
     caches = [KVCache.for_model(m, capacity=128) for m in (stock, switched)]
 
     def both(**kw):
-        outs = [m(past_key_values=c, use_cache=True, logits_to_keep=0, **kw).logits
+        outs = [m(**with_cache(m, c), use_cache=True, logits_to_keep=0, **kw).logits
                 for m, c in zip((stock, switched), caches, strict=True)]
         assert torch.equal(outs[0], outs[1])
 
