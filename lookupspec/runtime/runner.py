@@ -215,15 +215,16 @@ class ModelRunner:
         self._check_against_transformers(ids(max(1, min([11, *(w - 5 for w in windows)]))), ids(5),
                                          [-1, 0, 0, 1, 3])
         prompts = {"a": ids(9), "b": ids(13), "c": ids(6), "d": ids(7)}
+        rows = {"a": 1, "b": 1, "c": 5, "d": max(2, min(24, self.context_window - 8))}
         slots = {}
         try:
             for name, p in prompts.items():
-                slots[name] = self.allocate(len(p) + 32)
+                slots[name] = self.allocate(len(p) + rows[name])
                 self.prefill(slots[name], p)
             a = SeqRows(slots["a"], ids(1))
             b = SeqRows(slots["b"], ids(1))
             c = SeqRows(slots["c"], ids(5), [-1, 0, 0, 1, 1])
-            d = SeqRows(slots["d"], ids(24))  # a prompt chunk sharing the forward with decode rows
+            d = SeqRows(slots["d"], ids(rows["d"]))  # a prompt chunk sharing the forward with decode rows
 
             def run(seqs: list[SeqRows], pad_to: int) -> dict[int, torch.Tensor]:
                 saved, self.pad_to = self.pad_to, pad_to
