@@ -104,11 +104,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="sequences generating at once, batched into one forward per step (a request with n choices "
            "takes n) [env LOOKUPSPEC_MAX_BATCH]")
     a("--max-batch-tokens", type=_positive, default=_env("MAX_BATCH_TOKENS", None, int),
-      help="rows one step may have, prefill chunk included (unset: the draft budget alone decides) "
+      help="rows one forward may have, prompt chunks included (unset: the draft budget alone decides) "
            "[env LOOKUPSPEC_MAX_BATCH_TOKENS]")
     a("--prefill-chunk", type=_positive, default=_env("PREFILL_CHUNK", 128, int),
-      help="prompt tokens prefilled per scheduler iteration, between decode steps, so running streams keep "
-           "their inter-token latency while a long prompt is prefilled [env LOOKUPSPEC_PREFILL_CHUNK]")
+      help="prompt tokens prefilled per scheduler iteration, in the same forward as the running streams' "
+           "decode step, so they keep stepping while a long prompt is prefilled; smaller chunks shorten the "
+           "longest inter-token gaps and slow prefill [env LOOKUPSPEC_PREFILL_CHUNK]")
     a("--prefix-cache-mb", type=_non_negative, default=_env("PREFIX_CACHE_MB", 512, int),
       help="memory for the prefix cache: the KV of recent prompts' whole prefill chunks, reused by prompts "
            "of the same namespace that start alike (a shared system prompt, the same retrieved passages); "
