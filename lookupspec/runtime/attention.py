@@ -53,14 +53,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     """q [1, H, n, d], k/v [1, KV, L, d] -> [1, H, n, dv]."""
     from .batch import CAUSAL
 
-    heads, kv_heads, n = q.shape[1], k.shape[1], q.shape[2]
-    if n == 1 and mask is None and heads != kv_heads:
-        # one row: attend with the query heads of a group as rows of their key/value head
-        d = q.shape[-1]
-        grouped = q.reshape(1, kv_heads, heads // kv_heads, d)
-        out = F.scaled_dot_product_attention(grouped, k, v, scale=scaling)
-        return out.reshape(1, heads, 1, out.shape[-1])
-    gqa = heads != kv_heads
+    gqa = q.shape[1] != k.shape[1]
     if isinstance(mask, str):  # CAUSAL
         causal = mask == CAUSAL
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scaling, enable_gqa=gqa)
@@ -114,22 +107,32 @@ def attend(batch: RaggedBatch, layer: int, query: torch.Tensor, key: torch.Tenso
     # every row's key and value into its sequence's slot: one indexed copy per tensor
     keys[batch.write_slot, :, batch.write_entry[gi]] = key[0, :, :real].transpose(0, 1).to(keys.dtype)
     values[batch.write_slot, :, batch.write_entry[gi]] = value[0, :, :real].transpose(0, 1).to(values.dtype)
-    heads = query.shape[1]
-    out = query.new_zeros((1, batch.rows, heads, values.shape[-1]))
+    heads, kv_heads, d = query.shape[1], keys.shape[1], query.shape[-1]
+    width = heads * values.shape[-1]
     explicit = softcap is not None or sinks is not None
+    rows = query[0].transpose(0, 1)  # [rows, heads, head_dim], a view
+    parts = []  # each sequence's output rows, [n, heads * value_dim]; one cat at the end
     for view in batch.views:
         lo, hi = view.key_range[gi]
-        q = query[:, :, view.r0:view.r1]
         k = keys[view.slot:view.slot + 1, :, lo:hi]
         v = values[view.slot:view.slot + 1, :, lo:hi]
         mask = view.masks[gi]
+        if view.rows == 1 and mask is None and heads != kv_heads and not explicit:
+            # a decode row (most of a step's views): its query heads as rows of their key/value head,
+            # as _sdpa does, without the per-view reshapes and copies of the general path
+            grouped = rows[view.r0].reshape(1, kv_heads, heads // kv_heads, d)
+            parts.append(F.scaled_dot_product_attention(grouped, k, v, scale=scaling).reshape(1, width))
+            continue
+        q = query[:, :, view.r0:view.r1]
         if explicit:
-            scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+            scale = scaling if scaling is not None else d ** -0.5
             o = _explicit(q, k, v, mask, scale, softcap, sinks)
         else:
             o = _sdpa(q, k, v, mask, scaling)
-        out[0, view.r0:view.r1] = o[0].transpose(0, 1)
-    return out
+        parts.append(o[0].transpose(0, 1).reshape(view.rows, width))
+    if batch.pad:
+        parts.append(query.new_zeros((batch.pad, width)))
+    return torch.cat(parts).view(1, batch.rows, heads, -1)
 
 
 def gqa_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
