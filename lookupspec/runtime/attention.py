@@ -119,7 +119,7 @@ def attend(batch: RaggedBatch, layer: int, query: torch.Tensor, key: torch.Tenso
         mask = view.masks[gi]
         if view.rows == 1 and mask is None and heads != kv_heads and not explicit:
             # a decode row (most of a step's views): its query heads as rows of their key/value head,
-            # as _sdpa does, without the per-view reshapes and copies of the general path
+            # which SDPA then reads once for the whole group, without the general path's copies
             grouped = rows[view.r0].reshape(1, kv_heads, heads // kv_heads, d)
             parts.append(F.scaled_dot_product_attention(grouped, k, v, scale=scaling).reshape(1, width))
             continue
