@@ -226,6 +226,18 @@ def test_summarize_pass_weights_acceptance_and_gaps_by_tokens():
     assert s["server"] is None and s["event_tokens_counted"] == 6
 
 
+def test_busy_rate_counts_the_tokens_streamed_before_the_last_request_was_sent():
+    first = _record("a", "xxxxx", [0.5, 1.5], [2, 3])
+    second = dict(_record("b", "y", [0.2], [1]), start_s=1.0)  # its event arrives at 1.2
+    s = summarize_pass([first, second], 2.0, None)
+    assert s["busy_s"] == 1.0 and s["busy_tokens_per_s"] == 2.0  # only the event at 0.5 is in the window
+    assert s["output_tokens_per_s"] == 3.0  # the whole pass: 6 tokens in 2 s
+    uncounted = _record("c", "zz", [0.1, 0.3])  # no tokenizer: one token per event
+    assert summarize_pass([uncounted, second], 2.0, None)["busy_tokens_per_s"] == 2.0  # 2 events in 1 s
+    together = summarize_pass([_record("d", "w", [0.1], [1]), _record("e", "w", [0.1], [1])], 1.0, None)
+    assert together["busy_s"] is None and together["busy_tokens_per_s"] is None  # all sent at once
+
+
 def test_count_differences_against_the_reference_level_and_on_against_off():
     def p(level, mode, texts):
         responses = [_record(pid, t, [0.1]) for pid, t in texts]
@@ -321,6 +333,7 @@ def test_bench_serve_starts_a_server_and_measures_both_modes_at_each_level(tiny_
         assert s["output_tokens"] == sum(r["completion_tokens"] for r in p["responses"]) > 0
         assert s["server"]["decode_tokens"] > 0 and s["server"]["decode_tokens_per_s"] > 0
         assert s["ttft_p50_s"] > 0 and s["itl_p50_s"] is not None
+        assert s["busy_tokens_per_s"] > 0  # 3 requests on 1-2 streams: the last is sent after a response
         assert all(r["text"] and r["chunk_s"] and r["speculation"]["steps"] for r in p["responses"])
         if p["mode"] == "off":
             assert s["acceptance_length"] == 1.0  # plain decoding: one token per step

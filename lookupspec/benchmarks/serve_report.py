@@ -26,6 +26,9 @@ RULES = {
            "tokenizer, 1 per event without one); the first arrival contributes none",
     "output_tokens_per_s": "summed completion tokens (usage; else the counted event tokens) / the pass's "
                            "wall time, first request sent to last response ended",
+    "busy_tokens_per_s": "tokens streamed (counted events) before the pass's last request was sent / that "
+                         "time: every stream has a request in flight throughout, so the drain at the end of "
+                         "a pass, when fewer requests than streams remain, is left out",
     "acceptance_length": "summed (accepted_tokens + steps) / summed steps over the pass's `speculation` "
                          "objects",
     "decode_tokens_per_s": "delta lookupspec_decode_tokens_total / delta lookupspec_decode_seconds_total "
@@ -111,11 +114,14 @@ def summarize_pass(records: Sequence[Mapping[str, Any]], wall_s: float,
     spec = [r["speculation"] for r in ok if r["speculation"] and r["speculation"].get("steps")]
     steps = sum(s["steps"] for s in spec)
     prompt_tokens = [r["prompt_tokens"] for r in ok if r["prompt_tokens"] is not None]
+    busy_s, busy_tokens = _busy_window(records)
     return {
         "requests": len(records), "errors": len(records) - len(ok), "wall_s": round(wall_s, 4),
         "output_tokens": tokens, "event_tokens_counted": sum(counted),
         "output_tokens_per_s": round(tokens / wall_s, 3) if wall_s > 0 else 0.0,
         "requests_per_s": round(len(ok) / wall_s, 4) if wall_s > 0 else 0.0,
+        "busy_s": _r(busy_s, 4),
+        "busy_tokens_per_s": round(busy_tokens / busy_s, 3) if busy_s else None,
         "mean_prompt_tokens": round(sum(prompt_tokens) / len(prompt_tokens), 1) if prompt_tokens else None,
         "ttft_p50_s": _r(percentile(ttft, 50)), "ttft_p99_s": _r(percentile(ttft, 99)),
         "itl_p50_s": _r(percentile(gaps, 50)), "itl_p99_s": _r(percentile(gaps, 99)),
@@ -125,6 +131,26 @@ def summarize_pass(records: Sequence[Mapping[str, Any]], wall_s: float,
         "server": server_rates(delta) if delta is not None else None,
         "exactness": None, "on_vs_off": None,
     }
+
+
+def _busy_window(records: Sequence[Mapping[str, Any]]) -> tuple[float | None, int]:
+    """The pass's busy window and the tokens streamed in it: from the first request sent to the last one
+    sent (a closed loop keeps every stream busy until its requests run out), and the counted event
+    tokens that arrived before its end. Example, times from the pass's start: requests sent at 0.0 and
+    1.0, events of the first at 0.5 and 1.5 (2 and 3 tokens), of the second at 1.2: window 1.0 s,
+    2 tokens. None where every request was sent at once (no window)."""
+    ok = [r for r in records if r["error"] is None]
+    if not ok:
+        return None, 0
+    first = min(r["start_s"] for r in records)
+    end = max(r["start_s"] for r in records)
+    if end <= first:
+        return None, 0
+    tokens = 0
+    for r in ok:
+        counts = r["chunk_tokens"] or [1] * len(r["chunk_s"])
+        tokens += sum(k for t, k in zip(r["chunk_s"], counts, strict=True) if r["start_s"] + t < end)
+    return end - first, tokens
 
 
 def _texts(p: Mapping[str, Any]) -> dict[str, str]:
@@ -189,10 +215,10 @@ def markdown_tables(result: Mapping[str, Any]) -> str:
     for mode in _modes(result):
         label = {"on": f"speculation on (sources: {st['sources']})", "off": "speculation off"}.get(mode, mode)
         lines += ["", f"**{label}**", "",
-                  "| streams | requests | output tok/s | vs 1 stream | req/s | TTFT p50 ms | TTFT p99 ms "
-                  f"| ITL p50 ms | ITL p99 ms | acceptance length | decode tok/s (server) | mean batch "
-                  f"| differ vs {ref} stream{'s' if ref > 1 else ''} |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| streams | requests | output tok/s | vs 1 stream | busy tok/s | req/s | TTFT p50 ms "
+                  "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | acceptance length | decode tok/s (server) "
+                  f"| mean batch | differ vs {ref} stream{'s' if ref > 1 else ''} |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         base = by.get((ref, mode))
         for level in st["levels"]:
             s = by.get((level, mode))
@@ -202,7 +228,8 @@ def markdown_tables(result: Mapping[str, Any]) -> str:
             vs = (s["output_tokens_per_s"] / base["output_tokens_per_s"]
                   if base and base["output_tokens_per_s"] else None)
             cells = [level, f"{s['requests'] - s['errors']}/{s['requests']}", _f(s["output_tokens_per_s"]),
-                     _x(vs), _f(s["requests_per_s"], ".2f"), _f(s["ttft_p50_s"], ".0f", 1000),
+                     _x(vs), _f(s.get("busy_tokens_per_s")), _f(s["requests_per_s"], ".2f"),
+                     _f(s["ttft_p50_s"], ".0f", 1000),
                      _f(s["ttft_p99_s"], ".0f", 1000), _f(s["itl_p50_s"], ".1f", 1000),
                      _f(s["itl_p99_s"], ".1f", 1000), _f(s["acceptance_length"], ".2f"),
                      _f(server.get("decode_tokens_per_s")), _f(server.get("mean_batch"), ".2f"),
