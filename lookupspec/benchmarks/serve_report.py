@@ -102,19 +102,19 @@ def summarize_pass(records: Sequence[Mapping[str, Any]], wall_s: float,
                    delta: Mapping[str, float] | None) -> dict[str, Any]:
     """Aggregate throughput, latency percentiles, acceptance length and server rates of one pass."""
     ok = [r for r in records if r["error"] is None]
-    counted = [sum(r["chunk_tokens"] or [1] * len(r["chunk_s"])) for r in ok]
+    counted = [sum(_event_tokens(r)) for r in ok]
     tokens = sum(r["completion_tokens"] if r["completion_tokens"] is not None else c
                  for r, c in zip(ok, counted, strict=True))
     gaps, chunk_gaps = [], []
     for r in ok:
         times = r["chunk_s"]
-        gaps += token_gaps(times, r["chunk_tokens"] or [1] * len(times))
+        gaps += token_gaps(times, _event_tokens(r))
         chunk_gaps += [b - a for a, b in itertools.pairwise(times)]
     ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
     spec = [r["speculation"] for r in ok if r["speculation"] and r["speculation"].get("steps")]
     steps = sum(s["steps"] for s in spec)
     prompt_tokens = [r["prompt_tokens"] for r in ok if r["prompt_tokens"] is not None]
-    busy_s, busy_tokens = _busy_window(records)
+    busy_s, busy_tokens = _busy_window(records, ok)
     return {
         "requests": len(records), "errors": len(records) - len(ok), "wall_s": round(wall_s, 4),
         "output_tokens": tokens, "event_tokens_counted": sum(counted),
@@ -133,23 +133,27 @@ def summarize_pass(records: Sequence[Mapping[str, Any]], wall_s: float,
     }
 
 
-def _busy_window(records: Sequence[Mapping[str, Any]]) -> tuple[float | None, int]:
+def _event_tokens(r: Mapping[str, Any]) -> list[int]:
+    """A response's tokens per text event: counted with the tokenizer, else one per event."""
+    return list(r["chunk_tokens"] or [1] * len(r["chunk_s"]))
+
+
+def _busy_window(records: Sequence[Mapping[str, Any]],
+                 ok: Sequence[Mapping[str, Any]]) -> tuple[float | None, int]:
     """The pass's busy window and the tokens streamed in it: from the first request sent to the last one
     sent (a closed loop keeps every stream busy until its requests run out), and the counted event
     tokens that arrived before its end. Example, times from the pass's start: requests sent at 0.0 and
     1.0, events of the first at 0.5 and 1.5 (2 and 3 tokens), of the second at 1.2: window 1.0 s,
-    2 tokens. None where every request was sent at once (no window)."""
-    ok = [r for r in records if r["error"] is None]
+    2 tokens. None where every request was sent at once (no window). ``ok``: the records without an
+    error (every record's sending counts for the window, only theirs for the tokens)."""
     if not ok:
         return None, 0
     first = min(r["start_s"] for r in records)
     end = max(r["start_s"] for r in records)
     if end <= first:
         return None, 0
-    tokens = 0
-    for r in ok:
-        counts = r["chunk_tokens"] or [1] * len(r["chunk_s"])
-        tokens += sum(k for t, k in zip(r["chunk_s"], counts, strict=True) if r["start_s"] + t < end)
+    tokens = sum(k for r in ok for t, k in zip(r["chunk_s"], _event_tokens(r), strict=True)
+                 if r["start_s"] + t < end)
     return end - first, tokens
 
 
@@ -228,7 +232,7 @@ def markdown_tables(result: Mapping[str, Any]) -> str:
             vs = (s["output_tokens_per_s"] / base["output_tokens_per_s"]
                   if base and base["output_tokens_per_s"] else None)
             cells = [level, f"{s['requests'] - s['errors']}/{s['requests']}", _f(s["output_tokens_per_s"]),
-                     _x(vs), _f(s.get("busy_tokens_per_s")), _f(s["requests_per_s"], ".2f"),
+                     _x(vs), _f(s["busy_tokens_per_s"]), _f(s["requests_per_s"], ".2f"),
                      _f(s["ttft_p50_s"], ".0f", 1000),
                      _f(s["ttft_p99_s"], ".0f", 1000), _f(s["itl_p50_s"], ".1f", 1000),
                      _f(s["itl_p99_s"], ".1f", 1000), _f(s["acceptance_length"], ".2f"),
