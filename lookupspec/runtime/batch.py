@@ -68,10 +68,25 @@ class SeqView:
     past: int
     key_range: list[tuple[int, int]] = field(default_factory=list)
     masks: list[Any] = field(default_factory=list)  # torch.Tensor | str | None (a Staged until bound)
+    _additive: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def rows(self) -> int:
         return self.r1 - self.r0
+
+    def sdpa_mask(self, group: int, dtype: torch.dtype) -> torch.Tensor | str | None:
+        """The group's mask as SDPA takes it from a query of ``dtype``: a boolean mask becomes the
+        additive one (0 where visible, -inf elsewhere) once per forward. SDPA makes exactly that
+        tensor from a boolean mask on every call, so the output is bit for bit the same, without a
+        conversion in every layer."""
+        mask = self.masks[group]
+        if not isinstance(mask, torch.Tensor):
+            return mask
+        key = (group, dtype)
+        if key not in self._additive:
+            self._additive[key] = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+                ~mask, float("-inf"))
+        return self._additive[key]
 
 
 def _reach(parents: np.ndarray) -> np.ndarray:

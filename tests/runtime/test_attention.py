@@ -77,3 +77,39 @@ def test_engine_switches_its_model_and_decodes_as_before(tiny_models) -> None:
         again = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
                                eos_token_id=2, pad_token_id=0)
     assert again[0, ids.shape[1]:].tolist() == reference
+
+
+def test_a_tree_mask_goes_to_sdpa_additive_once_per_forward_with_the_same_bits() -> None:
+    """SDPA turns a boolean mask into an additive one on every call (every layer); a batch's view
+    does it once. The additive mask is what SDPA makes itself, so attention is bit for bit the same."""
+    import torch.nn.functional as F
+
+    from lookupspec.runtime import SeqRows
+    from lookupspec.runtime.batch import RaggedBatch
+    from lookupspec.runtime.kvpool import LayerSpec, SlotPool
+
+    pool = SlotPool([LayerSpec(2, 16, 16), LayerSpec(2, 16, 16, window=40)], dtype=torch.float32, max_slots=2,
+                    max_positions=512, initial_capacity=256, align=8)
+    slot = pool.allocate(256)
+    pool.ensure(slot, 200)
+    pool.advance(slot, 190)
+    parents = [-1, 0, 0, 1, 1, 3, 2]
+    batch = RaggedBatch(pool, [SeqRows(slot, [5] * len(parents), parents)])
+    view = batch.views[0]
+    gen = torch.Generator().manual_seed(0)
+    for group in range(2):
+        boolean = view.masks[group]
+        assert isinstance(boolean, torch.Tensor) and boolean.dtype == torch.bool
+        additive = view.sdpa_mask(group, torch.float32)
+        assert additive is view.sdpa_mask(group, torch.float32)  # made once, reused by every layer
+        assert additive.dtype == torch.float32 and additive.shape == boolean.shape
+        assert torch.equal(additive == 0, boolean) and bool((additive[~boolean] == float("-inf")).all())
+        keys = boolean.shape[-1]
+        for _ in range(20):
+            q = torch.randn(1, 6, len(parents), 16, generator=gen)
+            k, v = (torch.randn(1, 2, keys, 16, generator=gen) for _ in range(2))
+            expected = F.scaled_dot_product_attention(q, k, v, attn_mask=boolean, enable_gqa=True)
+            got = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, enable_gqa=True)
+            assert torch.equal(got, expected)
+    plain = RaggedBatch(pool, [SeqRows(slot, [5])]).views[0]
+    assert plain.sdpa_mask(0, torch.float32) is None  # a decode row has no mask to convert
