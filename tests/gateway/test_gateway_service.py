@@ -168,13 +168,23 @@ def test_the_deadline_ends_a_slow_request_with_504_or_a_final_error_event(make_s
 
 @pytest.mark.parametrize("max_batch", [1, 3])
 def test_requests_beyond_the_slots_and_the_queue_get_429_with_retry_after(make_service, max_batch) -> None:
-    """Capacity is max_batch running sequences plus max_queue requests waiting for a slot."""
-    app, service = make_service(ScriptedEngine(delay=0.02), max_queue=1, max_batch=max_batch)
+    """Capacity is max_batch running sequences plus max_queue requests waiting for a slot. The engine's
+    steps wait at a gate until the rejections are in, so no admitted request can finish (and free
+    its place) before the last one arrives, however slow the machine."""
+    engine = ScriptedEngine(delay=0.02)
+    engine.gate = threading.Event()
+    app, service = make_service(engine, max_queue=1, max_batch=max_batch)
 
     async def main() -> list[httpx.Response]:
         async with client(app) as c:
-            return list(await asyncio.gather(*(c.post("/v1/completions", json={**BODY, "max_tokens": 20})
-                                               for _ in range(max_batch + 3))))
+            tasks = [asyncio.ensure_future(c.post("/v1/completions", json={**BODY, "max_tokens": 20}))
+                     for _ in range(max_batch + 3)]
+            pending = set(tasks)
+            deadline = time.monotonic() + 10  # a capacity that admits everything opens the gate here
+            while len(tasks) - len(pending) < 2 and time.monotonic() < deadline:
+                _, pending = await asyncio.wait(pending, timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
+            engine.gate.set()
+            return list(await asyncio.gather(*tasks))
 
     responses = asyncio.run(main())
     codes = sorted(r.status_code for r in responses)
