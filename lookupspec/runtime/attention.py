@@ -128,9 +128,7 @@ def attend(batch: RaggedBatch, layer: int, query: torch.Tensor, key: torch.Tenso
             scale = scaling if scaling is not None else d ** -0.5
             o = _explicit(q, k, v, mask, scale, softcap, sinks)
         else:
-            # on CPU a boolean mask is made additive once per forward (bit-identical, measured);
-            # elsewhere SDPA may pick its kernel by the mask's type, so it gets the mask as built
-            o = _sdpa(q, k, v, view.sdpa_mask(gi, q.dtype) if q.device.type == "cpu" else mask, scaling)
+            o = _sdpa(q, k, v, view.sdpa_mask(gi, q.dtype), scaling)
         parts.append(o[0].transpose(0, 1).reshape(view.rows, width))
     if batch.pad:
         parts.append(query.new_zeros((batch.pad, width)))

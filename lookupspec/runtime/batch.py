@@ -78,9 +78,10 @@ class SeqView:
         """The group's mask as SDPA takes it from a query of ``dtype``: a boolean mask becomes the
         additive one (0 where visible, -inf elsewhere) once per forward. SDPA makes exactly that
         tensor from a boolean mask on every call, so the output is bit for bit the same, without a
-        conversion in every layer."""
+        conversion in every layer. Off the CPU the mask stays boolean: there SDPA may pick its kernel
+        by the mask's type."""
         mask = self.masks[group]
-        if not isinstance(mask, torch.Tensor):
+        if not isinstance(mask, torch.Tensor) or mask.device.type != "cpu":
             return mask
         key = (group, dtype)
         if key not in self._additive:
