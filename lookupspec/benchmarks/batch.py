@@ -95,6 +95,13 @@ def run_waves(engine: Any, requests: list[tuple[list[int], Any]], batch: int, sp
     return outputs, decode_s, decode_tokens
 
 
+def _sync(device: Any) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
 def _cost(engine: Any, prompt_ids: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
@@ -112,8 +119,10 @@ def _cost(engine: Any, prompt_ids: list[int], args: argparse.Namespace) -> list[
             for _ in range(args.rounds + 1):  # the first round warms every shape up, untimed
                 for b, r in times:
                     seqs = [SeqRows(slots[i], [ctx[-1 - j] for j in range(r)]) for i in range(b)]
+                    _sync(runner.device)
                     t0 = time.perf_counter()
                     runner.forward(seqs)
+                    _sync(runner.device)  # CUDA runs the forward asynchronously: wait for it
                     times[(b, r)].append(time.perf_counter() - t0)
                     for s in seqs:
                         runner.pool.truncate(s.slot, len(ctx))

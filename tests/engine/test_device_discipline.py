@@ -226,9 +226,10 @@ def test_a_step_makes_one_upload_and_one_read(tiny_models, backend, sampling, mo
     from lookupspec.models import load_model
 
     monkeypatch.setenv(kernels.BACKEND_ENV, backend)
-    if backend == "triton" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0") \
-            and not torch.cuda.is_available():
-        pytest.skip("needs CUDA or the Triton interpreter")
+    if backend == "triton" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        # the model below is on the CPU: its Triton kernels run only in the interpreter, which
+        # tests/conftest.py turns on where CUDA is absent (on a CUDA machine this case skips)
+        pytest.skip("a CPU model's Triton kernels need TRITON_INTERPRET=1")
     model = load_model(str(tiny_models["tiny-qwen2"])).model  # sliding and full layers: two pool groups
     params = GenerationParams(max_tokens=16 if backend == "triton" else 30, sampling=sampling)
     engine = _engine(model, shape="tree", truth=_plain(model, params))

@@ -25,8 +25,9 @@ class _Counting:
         return self.kernel[grid]
 
 
-def _pool(gen):
-    pool = SlotPool(SPECS, dtype=torch.float32, max_slots=4, max_positions=256, initial_capacity=64)
+def _pool(gen, device="cpu"):
+    pool = SlotPool(SPECS, dtype=torch.float32, device=device, max_slots=4, max_positions=256,
+                    initial_capacity=64)
     slots = [pool.allocate(40) for _ in range(3)]
     with torch.inference_mode():  # the pool's tensors are inference tensors
         for g in pool.groups:
@@ -37,12 +38,12 @@ def _pool(gen):
     return pool, slots
 
 
-def test_one_launch_compacts_every_group_like_the_twin(gen, monkeypatch):
-    accepted = torch.tensor([[1, 3, 4, -1], [0, 1, 2, 3], [2, -1, -1, -1]])
-    num = torch.tensor([3, 4, 1])
+def test_one_launch_compacts_every_group_like_the_twin(gen, device, monkeypatch):
+    accepted = torch.tensor([[1, 3, 4, -1], [0, 1, 2, 3], [2, -1, -1, -1]], device=device)
+    num = torch.tensor([3, 4, 1], device=device)
     base = [12, 5, 9]
-    ref_pool, slots = _pool(torch.Generator().manual_seed(gen.initial_seed()))
-    got_pool, _ = _pool(torch.Generator().manual_seed(gen.initial_seed()))
+    ref_pool, slots = _pool(torch.Generator().manual_seed(gen.initial_seed()), device)
+    got_pool, _ = _pool(torch.Generator().manual_seed(gen.initial_seed()), device)
     assert len(got_pool.groups) == 3 and sum(len(g.tensors) for g in got_pool.groups) == 4
     ref_pool.compact(slots, accepted, num, base, backend="torch")
     counting = _Counting(compact_triton._compact_pool_kernel)
@@ -55,7 +56,7 @@ def test_one_launch_compacts_every_group_like_the_twin(gen, monkeypatch):
         for rt, gt in zip(rg.tensors, gg.tensors, strict=True):
             assert torch.equal(rt, gt)
     moved = got_pool.keys(0)[slots[0], :, 12 + 1]  # node 3 moved to entry base + 1
-    before, _ = _pool(torch.Generator().manual_seed(gen.initial_seed()))
+    before, _ = _pool(torch.Generator().manual_seed(gen.initial_seed()), device)
     assert torch.equal(moved, before.keys(0)[slots[0], :, 12 + 3])
 
 

@@ -39,11 +39,13 @@ def test_check_tree_parents_accepts_trees_and_counts_nodes():
         check_tree_parents([-1, 0], 3)
 
 
-def _layout(parents):
+def _layout(parents, device=None):
     n = len(parents)
     packed = pack_requests([([5] * n, [-1] * n)], [SEEDED], [10])._asdict()  # a valid tree, then broken
     packed["parents"] = torch.tensor(parents, dtype=torch.int32)
-    return packed, torch.randn(n + 1, 64)
+    if device is not None:  # the kernels' own device (the host checks above run on host arrays)
+        packed = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in packed.items()}
+    return packed, torch.randn(n + 1, 64, device=device)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -75,8 +77,8 @@ def test_tree_mask_rejects_malformed_host_parents_on_both_paths(name, backend):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["greedy", "match"])
 @pytest.mark.parametrize("name", ["cycle", "self", "past-the-tree"])
-def test_the_verify_kernels_end_on_a_malformed_tree_they_are_given_unchecked(name, mode):
-    packed, logits = _layout(BAD[name])
+def test_the_verify_kernels_end_on_a_malformed_tree_they_are_given_unchecked(name, mode, device):
+    packed, logits = _layout(BAD[name], device)
     out = verify_triton.verify_batch(logits, **packed, mode=mode)  # no host check on this path
     num = int(out.num_accepted[0])
     assert 0 <= num <= len(BAD[name])
@@ -84,7 +86,7 @@ def test_the_verify_kernels_end_on_a_malformed_tree_they_are_given_unchecked(nam
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ["cycle", "self", "past-the-tree"])
-def test_the_mask_kernel_ends_on_a_malformed_tree_it_is_given_unchecked(name):
-    mask, pos = mask_triton.tree_mask(torch.tensor(BAD[name]), 4, torch.float32)
+def test_the_mask_kernel_ends_on_a_malformed_tree_it_is_given_unchecked(name, device):
+    mask, pos = mask_triton.tree_mask(torch.tensor(BAD[name], device=device), 4, torch.float32)
     assert mask.shape == (1, 1, len(BAD[name]), 4 + len(BAD[name]))
     assert int(pos.max()) <= 4 + len(BAD[name])
