@@ -6,6 +6,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
+# pytest worker processes for `make test` / `make test-fast` (pytest-xdist; whole files per worker, the
+# slowest first: see tests/conftest.py). 0 runs the suite in this process, one test after another.
+TEST_WORKERS ?= 2
+PYTEST_RUN = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # torch. TORCH is the requirement; TORCH_INDEX the wheel index it comes from. The default index is
 # PyTorch's CPU one: from PyPI, `pip install torch==2.13.0` gets the CUDA build and several GB of
@@ -77,11 +81,11 @@ serve: pull
 # The whole suite, real-model tests included (they are marked `real_model` and run here too).
 test: install-test
 	$(BIN)/lookupspec pull smollm2-135m-instruct
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(PYTEST_RUN) $(PYTEST_ARGS)
 
 # Everything but the real-model tests, for quick iterations.
 test-fast: install-test
-	$(BIN)/python -m pytest -q -m "not real_model" $(PYTEST_ARGS)
+	$(PYTEST_RUN) -m "not real_model" $(PYTEST_ARGS)
 
 lint: install-test
 	$(BIN)/ruff check .

@@ -21,6 +21,36 @@ if not _cuda:
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 
+# The slowest files, slowest first (seconds of a serial run on a 2-core development machine). `make
+# test` runs the suite in two worker processes that take whole files in collection order
+# (pytest-xdist's --dist loadfile), so a long file collected last would run alone at the end: these
+# are collected first. An ordering hint only; every file runs either way.
+SLOW_FILES_FIRST = (
+    "test_real_model_spec.py",  # ~260 s
+    "clients/test_summarize.py",  # ~95
+    "test_readme.py",  # ~85
+    "test_cli.py",  # ~65
+    "engine/test_batch_step.py",  # ~55
+    "test_real_model.py",  # ~45
+    "engine/test_warmup_variants.py",  # ~40-60
+    "clients/test_client.py",  # ~40
+    "runtime/test_prefix_cache.py",  # ~35
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = ROOT / "tests"
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        try:
+            rel = item.path.relative_to(tests).as_posix()
+        except ValueError:
+            return len(rank)
+        return rank.get(rel, len(rank))
+
+    items.sort(key=key)  # stable: the rest, and the tests inside each file, keep their order
+
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
