@@ -39,12 +39,10 @@ def test_check_tree_parents_accepts_trees_and_counts_nodes():
         check_tree_parents([-1, 0], 3)
 
 
-def _layout(parents, device=None):
+def _layout(parents, device="cpu"):
     n = len(parents)
-    packed = pack_requests([([5] * n, [-1] * n)], [SEEDED], [10])._asdict()  # a valid tree, then broken
-    packed["parents"] = torch.tensor(parents, dtype=torch.int32)
-    if device is not None:  # the kernels' own device (the host checks above run on host arrays)
-        packed = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in packed.items()}
+    packed = pack_requests([([5] * n, [-1] * n)], [SEEDED], [10], device)._asdict()  # valid, then broken
+    packed["parents"] = torch.tensor(parents, dtype=torch.int32, device=device)
     return packed, torch.randn(n + 1, 64, device=device)
 
 
