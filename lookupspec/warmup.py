@@ -17,7 +17,7 @@ from lookupspec.sampling import SamplingParams
 if TYPE_CHECKING:
     from lookupspec.engine import Engine
 
-__all__ = ["warm_kernels", "warm_up"]
+__all__ = ["sync_device", "warm_kernels", "warm_up"]
 
 
 def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], context: int) -> None:
@@ -43,10 +43,10 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
                 rows = [SeqRows(slot, [7 % engine.vocab_size] * r) for slot in slots[:b]]
                 times = []
                 for _ in range(3):
-                    _sync(engine)  # time the forward, not the launches queued before it
+                    sync_device(engine.device)  # time the forward, not the launches queued before it
                     t0 = time.perf_counter()
                     logits = engine.runner.forward(rows)
-                    _sync(engine)  # ... and not only its launch (CUDA runs asynchronously)
+                    sync_device(engine.device)  # ... and not only its launch (CUDA runs asynchronously)
                     times.append(time.perf_counter() - t0)
                     del logits
                     for slot in slots[:b]:
@@ -57,9 +57,11 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
             engine.runner.free(slot)
 
 
-def _sync(engine: Engine) -> None:
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
+def sync_device(device: torch.device) -> None:
+    """Wait until ``device`` has run everything queued on it (CUDA runs kernels asynchronously; the
+    CPU has nothing to wait for): what a timer around a forward needs on both sides."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def warm_kernels(engine: Engine, slot: int, context: int) -> None:
@@ -87,4 +89,4 @@ def warm_kernels(engine: Engine, slot: int, context: int) -> None:
             path = torch.full((1, n), -1, dtype=torch.int64, device=engine.device)
             engine.runner.pool.compact([slot], path, torch.zeros(1, dtype=torch.int64, device=engine.device),
                                      [context])
-    _sync(engine)
+    sync_device(engine.device)

@@ -95,17 +95,11 @@ def run_waves(engine: Any, requests: list[tuple[list[int], Any]], batch: int, sp
     return outputs, decode_s, decode_tokens
 
 
-def _sync(device: Any) -> None:
-    if device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
-
-
 def _cost(engine: Any, prompt_ids: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
     from lookupspec.runtime import SeqRows
+    from lookupspec.warmup import sync_device
 
     runner = engine.runner
     ctx = prompt_ids[: args.context]
@@ -119,10 +113,10 @@ def _cost(engine: Any, prompt_ids: list[int], args: argparse.Namespace) -> list[
             for _ in range(args.rounds + 1):  # the first round warms every shape up, untimed
                 for b, r in times:
                     seqs = [SeqRows(slots[i], [ctx[-1 - j] for j in range(r)]) for i in range(b)]
-                    _sync(runner.device)
+                    sync_device(runner.device)
                     t0 = time.perf_counter()
                     runner.forward(seqs)
-                    _sync(runner.device)  # CUDA runs the forward asynchronously: wait for it
+                    sync_device(runner.device)  # CUDA runs the forward asynchronously: wait for it
                     times[(b, r)].append(time.perf_counter() - t0)
                     for s in seqs:
                         runner.pool.truncate(s.slot, len(ctx))
