@@ -191,3 +191,23 @@ def test_bench_batch_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     assert modes == {("greedy", 2), ("sampled T=0.8", 2), ("greedy, plain", 2)}
     for r in result["exactness"]:  # the tiny model's logits are spread out: no near-ties, no differences
         assert r["identical"] == r["prompts"] == 2 and r["other_differences"] == 0
+
+
+def test_bench_linear_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
+    from lookupspec.runtime import cpu_gemm
+
+    if cpu_gemm.kernel() is None:
+        pytest.skip(f"the streaming kernel does not build here: {cpu_gemm.kernel_error()}")
+    out = tmp_path / "linear.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lookupspec.cli", "bench-linear", "--model", str(tiny_models["tiny-llama"]),
+         "--rows", "1,8", "--steps", "1x1,2x3", "--contexts", "20", "--rounds", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| measured | oneDNN ms | stream ms | oneDNN / stream |" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["what"] for r in rows] == [
+        "products, 1 rows", "products, 8 rows", "forward, 1 seqs x 1 rows, 20 cached",
+        "forward, 2 seqs x 3 rows, 20 cached", "forward, 128-token chunk + 8 one-row seqs, 20 cached"]
+    assert all(r["onednn_ms"] > 0 and r["stream_ms"] > 0 for r in rows)

@@ -37,3 +37,11 @@ def test_cli_help_lists_commands():
                          text=True, check=True).stdout
     for cmd in ("serve", "generate", "pull", "bench"):
         assert cmd in out
+
+
+def test_the_streaming_kernels_source_ships_with_the_package():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    from lookupspec.runtime import cpu_gemm
+
+    assert cpu_gemm._SOURCE.is_file()
+    assert cpu_gemm._SOURCE.name in cfg["package-data"]["lookupspec.runtime"]

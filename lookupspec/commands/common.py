@@ -7,6 +7,17 @@ import os
 
 from lookupspec.models import DEFAULT_MODEL, DTYPES
 
+CPU_LINEAR = ("auto", "stream", "onednn")
+
+
+class _CpuLinear(argparse.Action):
+    """``--cpu-linear``: recorded in ``LOOKUPSPEC_CPU_LINEAR``, which the packing reads
+    (:mod:`lookupspec.runtime.cpu_gemm`), so it holds for every model this process loads."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        os.environ["LOOKUPSPEC_CPU_LINEAR"] = str(values)
+        setattr(namespace, self.dest, values)
+
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=os.environ.get("LOOKUPSPEC_MODEL", DEFAULT_MODEL),
@@ -18,8 +29,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu or cuda[:N] [env LOOKUPSPEC_DEVICE]")
     parser.add_argument("--no-packed-linear", dest="packed_linear", action="store_false",
                         default=os.environ.get("LOOKUPSPEC_PACKED_LINEAR", "1") not in ("0", "false", "no"),
-                        help="on CPU float32, keep PyTorch's own linear layers instead of oneDNN-prepacked "
+                        help="on CPU float32, keep PyTorch's own linear layers instead of prepacked "
                              "weights (slower; for comparison) [env LOOKUPSPEC_PACKED_LINEAR=0]")
+    parser.add_argument("--cpu-linear", choices=CPU_LINEAR, action=_CpuLinear,
+                        default=os.environ.get("LOOKUPSPEC_CPU_LINEAR", "auto"),
+                        help="which matmul runs the prepacked CPU float32 layers: stream (lookupspec's "
+                             "streaming kernel, compiled with the system C compiler on first use; fastest "
+                             "for decoding), onednn (PyTorch's oneDNN), or auto: stream where it builds, "
+                             "else onednn (default auto) [env LOOKUPSPEC_CPU_LINEAR]")
     parser.add_argument("--no-lean-forward", dest="lean_forward", action="store_false",
                         default=os.environ.get("LOOKUPSPEC_LEAN_FORWARD", "1") not in ("0", "false", "no"),
                         help="decode and verify through transformers' own forward instead of lookupspec's "

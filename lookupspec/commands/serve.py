@@ -147,6 +147,13 @@ def _warm_up(text_engine: Any) -> None:
 _GRACE_S = 5  # after a drain, how long the last answers (and uvicorn's connections) may take
 
 
+def _packed(text_engine: Any) -> str:
+    """How the model's linear layers run: "on (stream)", "on (onednn)", or "off" when none is packed."""
+    backends = sorted({getattr(m, "backend", "") for m in text_engine.loaded.model.modules()
+                       if type(m).__name__ == "PackedLinear"})
+    return f"on ({', '.join(backends)})" if backends else "off"
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -258,7 +265,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
              f"{torch.get_num_threads()} threads, context window {service.context_window} tokens; "
              f"speculation {'on' if spec.enabled else 'off'}: up to {spec.max_draft_tokens} draft tokens "
              f"per step, sources {','.join(spec.sources)}, draft model {args.draft_model or 'none'}; "
-             f"packed linear {'on' if args.packed_linear else 'off'}, "
+             f"packed linear {_packed(te) if args.packed_linear else 'off'}, "
              f"lean forward {'on' if args.lean_forward else 'off'}; batches of up to {args.max_batch} "
              f"sequences, prefill chunks of {args.prefill_chunk} tokens, prefix cache "
              + (f"{args.prefix_cache_mb} MiB" if args.prefix_cache_mb else "off"))

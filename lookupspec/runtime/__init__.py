@@ -10,7 +10,8 @@
 - ``kvpool.py``: :class:`SlotPool`, the KV cache of many sequences (allocate, free, truncate,
   compact, copy a prefix).
 - ``lean.py``: :class:`LeanForward`, the low-overhead forward for Llama-shaped CPU float32 models.
-- ``cpu_linear.py``: oneDNN-prepacked float32 linear layers and their fusion.
+- ``cpu_linear.py``: prepacked float32 linear layers and their fusion; ``cpu_gemm.py`` with
+  ``sgemm.c``: the streaming matmul they use where it builds (oneDNN elsewhere).
 - ``kvcache.py``: a per-request transformers ``Cache`` with preallocated buffers (draft models).
 """
 

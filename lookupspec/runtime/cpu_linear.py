@@ -1,47 +1,54 @@
-"""Faster float32 linear layers on CPU: weights prepacked once for oneDNN.
+"""Faster float32 linear layers on CPU: weights packed once, for the streaming kernel or oneDNN.
 
 ``torch.nn.functional.linear`` on CPU runs MKL ``sgemm`` on the weight as stored. For the shapes
 decoding produces (1 to ~32 rows against a large weight) that path is slow, and pathologically so
-for 2-3 rows (each row re-reads the weight). oneDNN with the weight reordered ahead of time into
-its blocked layout reads the weight once per call at any row count. Measured on the 2-core EPYC
-these benchmarks run on, single thread, SmolLM2-135M shapes:
+for 2-3 rows (each row re-reads the weight). Two packed backends read the weight once per call:
 
-- LM head [49152 x 576]: 1 row 7.4 -> 3.9 ms, 8 rows 15.2 -> 4.8 ms;
-- MLP [1536 x 576]: 1 row 55 -> 53 us, 8 rows 238 -> 92 us.
+- the streaming kernel (:mod:`.cpu_gemm`, ``sgemm.c`` built on first use), where it builds (Linux
+  on x86-64 with AVX2+FMA and a C compiler): rows ride along the weight stream almost for free up
+  to a few dozen (SmolLM2-135M's products per step, 2-core Xeon: 18 / 24 / 30 ms at 1 / 8 / 16
+  rows, oneDNN 26 / 39 / 43 ms), and a row's bits never depend on the other rows;
+- oneDNN with the weight reordered ahead of time into its blocked layout, everywhere else (2-core
+  EPYC, single thread: LM head [49152 x 576] 1 row 7.4 -> 3.9 ms, 8 rows 15.2 -> 4.8 ms against
+  MKL; MLP [1536 x 576] 1 row 55 -> 53 us, 8 rows 238 -> 92 us).
 
-It is the same float32 arithmetic in another summation order, so logits differ from the unpacked
+``LOOKUPSPEC_CPU_LINEAR`` (``auto``, ``stream``, ``onednn``) chooses; ``auto`` prefers the kernel.
+Both are the same float32 arithmetic in another summation order, so logits differ from the unpacked
 model's in the last bits (~1e-5 relative), exactly like a batched forward differs from a one-token
 one; greedy tokens can differ only at float near-ties (see the real-model exactness tests).
 
 :func:`pack_linears` swaps every ``nn.Linear`` of a model (in place) for a :class:`PackedLinear`.
-Use it on a model that serves CPU float32 inference only: the packed weights are opaque oneDNN
-tensors (no autograd, no ``state_dict``, no ``.to(device)``).
+Use it on a model that serves CPU float32 inference only: the packed weights are opaque (no
+autograd, no ``state_dict``, no ``.to(device)``).
 
 :class:`FusedLinears` runs packed layers that read one input (an attention block's q/k/v, an MLP's
-gate/up) as one matmul over their stacked weights: one oneDNN call instead of three or two, which
-is what a decode step's few rows pay for (~50 us per call here). Each output column is still the
+gate/up) as one matmul over their stacked weights: one call instead of three or two, which is what
+a decode step's few rows pay for (~50 us per oneDNN call here). Each output column is still the
 same dot product; :meth:`FusedLinears.fuse` keeps a fusion only where a probe shows the separate
 layers' outputs bit for bit (up to 200 rows). The lean forward uses it for every forward, prompt
 chunks included (at 128-row chunks fused and separate layers take the same time; one 1000-row
-product is ~10% slower fused: 1.20 s against 1.09 s, measured).
+oneDNN product is ~10% slower fused: 1.20 s against 1.09 s, measured).
 
 Batch invariance. A batched forward stacks the rows of many sequences into one product, so a row's
-result must not depend on the other rows. oneDNN's packed products satisfy this for 2 rows and more
-(SmolLM2's shapes measured up to 400 rows at random offsets; every load probes up to 300), but for
-some shapes a one-row product takes another kernel and differs in the last bits (SmolLM2's 1536-wide
-down projection; MKL's plain ``sgemm`` differs at almost every row count).
-:func:`single_row_differs` probes each shape once; a layer whose one-row product differs runs it as
-two copies of the row (``pad_single``), which costs little (the weight is read once either way) and
-makes every row count agree.
+result must not depend on the other rows. The streaming kernel's does not, by construction. oneDNN's
+packed products satisfy this for 2 rows and more (SmolLM2's shapes measured up to 400 rows at random
+offsets; every load probes up to 300), but for some shapes a one-row product takes another kernel
+and differs in the last bits (SmolLM2's 1536-wide down projection; MKL's plain ``sgemm`` differs at
+almost every row count). :func:`single_row_differs` probes each shape once; a layer whose one-row
+product differs runs it as two copies of the row (``pad_single``), which costs little (the weight is
+read once either way) and makes every row count agree. The probe runs on either backend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["FusedLinears", "PackedLinear", "pack_linears", "packing_available", "single_row_differs"]
+from . import cpu_gemm
+
+__all__ = ["FusedLinears", "PackedLinear", "linear_backend", "pack_linears", "packing_available",
+           "single_row_differs"]
 
 _BATCH_HINT = 8  # the row count oneDNN tunes the layout for; measured best for 1-32 rows here
 _PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 24, 32, 48, 100, 136, 200)
@@ -50,76 +57,116 @@ _PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 24, 32, 48, 100, 136, 200)
 _ROW_COUNTS = (2, 3, 5, 8, 13, 32, 100, 136, 300)
 
 
-def _matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-            pad_single: bool) -> torch.Tensor:
-    """``x @ W.T + b`` on oneDNN-packed ``W``; with ``pad_single`` a one-row product is run as two
-    copies of the row (see :func:`single_row_differs`)."""
-    x = x.contiguous()
+Product = Callable[[torch.Tensor], torch.Tensor]
+
+
+class _OneDNNWeights:
+    """A weight reordered for oneDNN (and its bias): ``self(x)`` is ``x @ W.T + b``."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch_hint)
+        self.bias = None if bias is None else bias.detach().clone()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+
+    def dense(self) -> torch.Tensor:
+        return self.packed.to_dense()
+
+
+def linear_backend() -> str:
+    """The backend new packed layers use: ``"stream"`` (:mod:`.cpu_gemm`) or ``"onednn"``."""
+    return "stream" if cpu_gemm.kernel() is not None else "onednn"
+
+
+Weights = _OneDNNWeights | cpu_gemm.StreamWeights
+
+
+def _weights(weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int) -> Weights:
+    lib = cpu_gemm.kernel()
+    if lib is not None:
+        return cpu_gemm.StreamWeights(lib, weight, bias)
+    return _OneDNNWeights(weight, bias, batch_hint)
+
+
+def _matmul(x: torch.Tensor, product: Product, pad_single: bool) -> torch.Tensor:
+    """``product(x)``; with ``pad_single`` a one-row product is run as two copies of the row (see
+    :func:`single_row_differs`)."""
     if pad_single and x.numel() == x.shape[-1]:
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(1, -1).expand(2, -1).contiguous(), packed, bias,
-                                               "none", [], "")
+        y = product(x.reshape(1, -1).expand(2, -1).contiguous())
         return y[:1].reshape(*x.shape[:-1], y.shape[-1])
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return product(x)
 
 
 _ROW_MEMO: dict[tuple, bool | None] = {}
 
 
-def single_row_differs(packed: torch.Tensor, bias: torch.Tensor | None, in_features: int,
-                       out_features: int) -> bool | None:
+def single_row_differs(product: Product, key: tuple, in_features: int) -> bool | None:
     """Whether a row's result depends on the other rows of the product (the batch-invariance probe).
 
     False: every row count gives a row the same bits. True: products of 2 or more rows agree with
     each other whatever the other rows are, but a one-row product takes another kernel and differs in
-    the last bits (measured here for SmolLM2's 1536-wide MLP down projection), so one-row calls
-    should run as two rows. None: results depend on the row count (padding cannot help). Kernel
-    choice depends on the shape only, so the answer is remembered per shape."""
-    key = (in_features, out_features, bias is not None, packed.dtype)
+    the last bits (measured here for oneDNN's 1536-wide MLP down projection of SmolLM2), so one-row
+    calls should run as two rows. None: results depend on the row count (padding cannot help).
+    Kernel choice depends on the backend and shape only (``key``), so the answer is remembered."""
     if key not in _ROW_MEMO:
         gen = torch.Generator().manual_seed(1)
         x = torch.randn(max(_ROW_COUNTS), in_features, generator=gen)
         with torch.no_grad():
-            full = _matmul(x, packed, bias, False)
-            multi = all(torch.equal(_matmul(x[:m], packed, bias, False), full[:m]) for m in _ROW_COUNTS[:-1])
-            multi = multi and torch.equal(_matmul(x[7:10], packed, bias, False), full[7:10])
-            multi = multi and torch.equal(_matmul(x[37:177], packed, bias, False), full[37:177])
-            single = torch.equal(_matmul(x[:1], packed, bias, False), full[:1])
+            full = product(x)
+            multi = all(torch.equal(product(x[:m]), full[:m]) for m in _ROW_COUNTS[:-1])
+            multi = multi and torch.equal(product(x[7:10]), full[7:10])
+            multi = multi and torch.equal(product(x[37:177]), full[37:177])
+            single = torch.equal(product(x[:1]), full[:1])
         _ROW_MEMO[key] = None if not multi else not single
     return _ROW_MEMO[key]
 
 
-def packing_available() -> bool:
-    """Whether this torch build has the oneDNN linear ops (CPU builds with mkldnn do)."""
+def _onednn_available() -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     ops = torch.ops.mkldnn
     return hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
 
 
+def packing_available() -> bool:
+    """Whether float32 CPU layers can be packed: the streaming kernel builds here, or this torch
+    build has the oneDNN linear ops (CPU builds with mkldnn do)."""
+    return cpu_gemm.kernel() is not None or _onednn_available()
+
+
+def _key(weights: Weights, in_features: int, out_features: int) -> tuple:
+    return (type(weights).__name__, in_features, out_features, weights.bias is not None)
+
+
 class PackedLinear(torch.nn.Module):
-    """``y = x @ W.T + b`` with ``W`` reordered for oneDNN. Keeps ``in_features``/``out_features``."""
+    """``y = x @ W.T + b`` with ``W`` packed for the streaming kernel or oneDNN (``backend``).
+    Keeps ``in_features``/``out_features``."""
 
     def __init__(self, linear: torch.nn.Linear, batch_hint: int = _BATCH_HINT) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         with torch.no_grad():
-            weight = linear.weight.detach().contiguous()
-            # a plain attribute, not a buffer: oneDNN tensors cannot be saved or moved like others
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
-            self.bias = None if linear.bias is None else linear.bias.detach().clone()
-        self.pad_single = bool(single_row_differs(self.packed, self.bias, self.in_features,
-                                                  self.out_features))
+            # a plain attribute, not a buffer: packed weights cannot be saved or moved like tensors
+            self.weights = _weights(linear.weight, linear.bias, batch_hint)
+        self.backend = "stream" if isinstance(self.weights, cpu_gemm.StreamWeights) else "onednn"
+        self.pad_single = bool(single_row_differs(self.weights, _key(self.weights, self.in_features,
+                                                                     self.out_features), self.in_features))
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.weights.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _matmul(x, self.packed, self.bias, self.pad_single)
+        return _matmul(x, self.weights, self.pad_single)
 
     def dense_weight(self) -> torch.Tensor:
         """The weight in its ordinary ``[out_features, in_features]`` layout (a new tensor)."""
-        return self.packed.to_dense()
+        return self.weights.dense()
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed for {self.backend}"
 
 
 class FusedLinears:
@@ -128,23 +175,34 @@ class FusedLinears:
     :meth:`fuse`, which returns ``None`` where a probe finds any difference."""
 
     def __init__(self, parts: Sequence[PackedLinear], batch_hint: int = _BATCH_HINT) -> None:
+        if len({p.backend for p in parts}) != 1:
+            raise ValueError("cannot fuse layers packed for different backends")
         with torch.no_grad():
             stacked = torch.cat([p.dense_weight() for p in parts], dim=0).contiguous()
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(stacked, batch_hint)
             has_bias = [p.bias is not None for p in parts]
             if any(has_bias) and not all(has_bias):
                 raise ValueError("cannot fuse layers of which only some have a bias")
-            self.bias = torch.cat([p.bias for p in parts]).contiguous() if all(has_bias) else None
+            bias = torch.cat([p.bias for p in parts]).contiguous() if all(has_bias) else None  # type: ignore[misc]
+            if parts[0].backend == "stream":
+                lib = cpu_gemm.kernel()
+                assert lib is not None  # the parts were packed with it
+                self.weights: Weights = cpu_gemm.StreamWeights(lib, stacked, bias)
+            else:
+                self.weights = _OneDNNWeights(stacked, bias, batch_hint)
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
-        self.pad_single = bool(single_row_differs(self.packed, self.bias, self.in_features,
-                                                  self.out_features))
+        self.pad_single = bool(single_row_differs(self.weights, _key(self.weights, self.in_features,
+                                                                     self.out_features), self.in_features))
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.weights.bias
 
     @classmethod
     def fuse(cls, parts: Sequence[PackedLinear], batch_hint: int = _BATCH_HINT) -> FusedLinears | None:
         if len(parts) < 2 or len({p.in_features for p in parts}) != 1:
             return None
-        if len({p.bias is None for p in parts}) != 1:
+        if len({p.bias is None for p in parts}) != 1 or len({p.backend for p in parts}) != 1:
             return None
         fused = cls(parts, batch_hint)
         gen = torch.Generator().manual_seed(0)
@@ -156,13 +214,13 @@ class FusedLinears:
         return fused
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return _matmul(x, self.packed, self.bias, self.pad_single)
+        return _matmul(x, self.weights, self.pad_single)
 
 
 def pack_linears(model: torch.nn.Module, batch_hint: int = _BATCH_HINT,
                  memo: dict[int, tuple[torch.nn.Linear, PackedLinear]] | None = None) -> int:
     """Replace every float32 CPU ``nn.Linear`` in ``model`` by a :class:`PackedLinear`; returns how
-    many were replaced (0 when oneDNN is unavailable or the model is not float32 on CPU). A weight
+    many were replaced (0 when neither backend is available or the model is not float32 on CPU). A weight
     tied to an embedding (the LM head, often) is packed as a copy; the embedding keeps its own.
     Models sharing layers (a ``self:layers=K`` draft and its target) pass one ``memo`` so a shared
     ``nn.Linear`` is packed once and both end up holding the same :class:`PackedLinear`."""

@@ -21,8 +21,9 @@ When a runner is built it checks itself against the model (:meth:`ModelRunner._p
 2. batch invariance: one sequence's logits alone and among other sequences of different lengths and
    row counts (one token, a draft tree, a prompt chunk) must be bit-identical. Attention is per
    sequence (:func:`.attention.attend`), so the row-wise ops decide it, the linear layers above all.
-   oneDNN-packed float32 layers pad their own one-row products where one row would take another
-   kernel (:mod:`.cpu_linear`), so a packed model is batch-invariant as it is.
+   Packed float32 layers are batch-invariant as they are (:mod:`.cpu_linear`): the streaming
+   kernel by construction, oneDNN's by padding one-row products where one row would take another
+   kernel.
    For other layers the probe tries padding every one-row forward to
    two rows (``pad_to = 2``: bfloat16's products agree from two rows on). Where neither works
    (MKL's plain float32 ``sgemm`` depends on the row count throughout), ``batch_invariant`` is False:
@@ -50,7 +51,7 @@ __all__ = ["ModelRunner", "RuntimeUnsupported", "layer_specs", "prepare_models"]
 
 def prepare_models(target: Any, draft: Any | None = None, *, packed_linear: bool = True) -> None:
     """Load-time preparation of a target (and its draft model) for the runtime, in place: on CPU in
-    float32, every ``nn.Linear`` becomes a oneDNN-prepacked layer (:mod:`.cpu_linear`; a
+    float32, every ``nn.Linear`` becomes a prepacked layer (:mod:`.cpu_linear`; a
     ``self:layers=K`` draft shares the target's layers, and so their packed copies). The attention
     switch and the lean forward are the runner's business."""
     if not packed_linear:

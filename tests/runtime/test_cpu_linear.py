@@ -1,22 +1,43 @@
-"""oneDNN-packed linear layers compute what nn.Linear computes (up to float32 summation order), at
-every row count decoding uses, and a packed tiny model decodes the same tokens as the stock one."""
+"""Packed linear layers (the streaming kernel and oneDNN) compute what nn.Linear computes (up to
+float32 summation order), at every row count decoding uses, and a packed tiny model decodes the same
+tokens as the stock one."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lookupspec.runtime.cpu_linear import FusedLinears, PackedLinear, pack_linears, packing_available
+from lookupspec.runtime.cpu_linear import (
+    FusedLinears,
+    PackedLinear,
+    linear_backend,
+    pack_linears,
+    packing_available,
+)
 
-pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
+pytestmark = pytest.mark.skipif(not packing_available(), reason="no packed backend here")
+
+
+@pytest.fixture(params=["stream", "onednn"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each packed backend in turn (the streaming kernel is skipped where it does not build)."""
+    monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", request.param)
+    try:
+        available = linear_backend() == request.param
+    except RuntimeError:  # LOOKUPSPEC_CPU_LINEAR=stream where the kernel does not build
+        available = False
+    if not available:
+        pytest.skip(f"the {request.param} backend is not available here")
+    return request.param
 
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(1, 64), (3, 64), (1, 7, 64), (2, 33, 64), (1, 300, 64)])
-def test_packed_linear_matches_nn_linear(shape, bias) -> None:
+def test_packed_linear_matches_nn_linear(shape, bias, backend) -> None:
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 96, bias=bias)
     packed = PackedLinear(lin)
+    assert packed.backend == backend
     x = torch.randn(*shape)
     with torch.inference_mode():
         want, got = lin(x), packed(x)
@@ -40,7 +61,7 @@ def test_pack_linears_replaces_every_linear_but_keeps_embeddings(tiny_models) ->
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
-def test_packed_model_logits_and_greedy_tokens_match_the_stock_model(tiny_models, name) -> None:
+def test_packed_model_logits_and_greedy_tokens_match_the_stock_model(tiny_models, name, backend) -> None:
     from lookupspec.engine import Engine
     from lookupspec.models import load_model
     from lookupspec.params import GenerationParams, SpecParams
@@ -69,7 +90,7 @@ def test_a_derived_layers_draft_shares_the_targets_packed_layers(tiny_models) ->
     assert not any(type(m) is torch.nn.Linear for m in draft.modules())
 
 
-def test_fused_linears_equal_their_parts_bit_for_bit() -> None:
+def test_fused_linears_equal_their_parts_bit_for_bit(backend) -> None:
     torch.manual_seed(0)
     for bias in (True, False):
         parts = [PackedLinear(torch.nn.Linear(576, out, bias=bias)) for out in (576, 192, 192)]

@@ -1,0 +1,179 @@
+/* Float32 linear layers for decoding on x86 CPUs: y = x @ W.T + b for a few to a few hundred rows.
+
+   W is packed once as [ceil(N/16)][K][16]: each block of 16 output columns is one contiguous
+   stream. A tile of R rows x C blocks keeps R*C 16-lane accumulators in registers and walks k from
+   0 to K-1, one fused multiply-add per accumulator and k: the weights stream from memory once per
+   tile while every row of the tile uses them, so a handful of rows cost little more than one.
+
+   Every output element is the same chain, acc = fma(x[m][k], W[n][k], acc) for k = 0..K-1 from
+   acc = 0, then + b[n]: its bits do not depend on M, on the row's place, on the tiling, on the
+   thread count or on which columns are computed with it (so fused projections equal their parts).
+   That is what makes a batched forward give each sequence its batch-of-one bits.
+
+   Threads: the calling thread's OpenMP team. Loaded after torch, this library shares torch's
+   libgomp (same soname), so its parallel regions run on torch's own worker threads. */
+
+#include <immintrin.h>
+#include <omp.h>
+#include <stddef.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define LSG_ISA 512
+typedef __m512 vec;
+static inline vec v_zero(void) { return _mm512_setzero_ps(); }
+static inline vec v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vec v_fma(float a, vec w, vec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(a), w, acc); }
+static inline vec v_add(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline void v_store(float *p, vec v) { _mm512_storeu_ps(p, v); }
+#define RMAX4 6
+#define RMAX3 8
+#define RMAX2 12
+#elif defined(__AVX2__) && defined(__FMA__)
+#define LSG_ISA 256
+typedef struct { __m256 lo, hi; } vec;
+static inline vec v_zero(void) { vec v = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return v; }
+static inline vec v_load(const float *p) { vec v = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; return v; }
+static inline vec v_fma(float a, vec w, vec acc) {
+    __m256 s = _mm256_set1_ps(a);
+    vec v = {_mm256_fmadd_ps(s, w.lo, acc.lo), _mm256_fmadd_ps(s, w.hi, acc.hi)};
+    return v;
+}
+static inline vec v_add(vec a, vec b) { vec v = {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; return v; }
+static inline void v_store(float *p, vec v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
+#define RMAX4 1
+#define RMAX3 1
+#define RMAX2 3
+#else
+#error "lookupspec's sgemm needs AVX-512F or AVX2 with FMA"
+#endif
+
+int lsg_isa(void) { return LSG_ISA; }
+
+/* W [N][K] row-major -> out [ceil(N/16)][K][16], zero past column N. */
+void lsg_pack(const float *w, float *out, long N, long K) {
+    long nb = (N + 15) / 16;
+    for (long b = 0; b < nb; b++)
+        for (long k = 0; k < K; k++)
+            for (long j = 0; j < 16; j++) {
+                long n = b * 16 + j;
+                out[(b * K + k) * 16 + j] = n < N ? w[n * K + k] : 0.0f;
+            }
+}
+
+/* The inverse of lsg_pack. */
+void lsg_unpack(const float *packed, float *w, long N, long K) {
+    for (long n = 0; n < N; n++)
+        for (long k = 0; k < K; k++)
+            w[n * K + k] = packed[((n / 16) * K + k) * 16 + n % 16];
+}
+
+/* Stores one 16-column accumulator (+ bias) into the first `cols` columns of y. */
+static inline void put(float *y, vec acc, const float *bias, long cols) {
+    float tmp[16];
+    if (bias) {
+        if (cols >= 16) {
+            acc = v_add(acc, v_load(bias));
+        } else {
+            float b[16] = {0};
+            memcpy(b, bias, (size_t)cols * sizeof(float));
+            acc = v_add(acc, v_load(b));
+        }
+    }
+    if (cols >= 16) {
+        v_store(y, acc);
+    } else {
+        v_store(tmp, acc);
+        memcpy(y, tmp, (size_t)cols * sizeof(float));
+    }
+}
+
+#define TILE(R, C)                                                                                  \
+    static void tile_##R##_##C(const float *x, long ldx, const float *wp, long K, float *y, long ldy,  \
+                               const float *bias, long cols) {                                       \
+        vec acc[R][C];                                                                               \
+        for (int r = 0; r < R; r++)                                                                  \
+            for (int c = 0; c < C; c++) acc[r][c] = v_zero();                                        \
+        for (long k = 0; k < K; k++) {                                                               \
+            vec w[C];                                                                                \
+            for (int c = 0; c < C; c++) w[c] = v_load(wp + ((long)c * K + k) * 16);                  \
+            for (int r = 0; r < R; r++) {                                                            \
+                float a = x[r * ldx + k];                                                            \
+                for (int c = 0; c < C; c++) acc[r][c] = v_fma(a, w[c], acc[r][c]);                   \
+            }                                                                                        \
+        }                                                                                            \
+        for (int c = 0; c < C && c * 16 < cols; c++) {                                               \
+            long left = cols - c * 16;                                                               \
+            for (int r = 0; r < R; r++)                                                              \
+                put(y + r * ldy + c * 16, acc[r][c], bias ? bias + c * 16 : NULL, left);             \
+        }                                                                                            \
+    }
+
+typedef void (*tile_fn)(const float *, long, const float *, long, float *, long, const float *, long);
+
+TILE(1, 1) TILE(2, 1) TILE(3, 1) TILE(4, 1) TILE(5, 1) TILE(6, 1)
+static const tile_fn T1[7] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1, tile_5_1, tile_6_1};
+#if LSG_ISA == 512
+TILE(1, 2) TILE(2, 2) TILE(3, 2) TILE(4, 2) TILE(5, 2) TILE(6, 2)
+TILE(7, 2) TILE(8, 2) TILE(9, 2) TILE(10, 2) TILE(11, 2) TILE(12, 2)
+TILE(1, 3) TILE(2, 3) TILE(3, 3) TILE(4, 3) TILE(5, 3) TILE(6, 3) TILE(7, 3) TILE(8, 3)
+TILE(1, 4) TILE(2, 4) TILE(3, 4) TILE(4, 4) TILE(5, 4) TILE(6, 4)
+static const tile_fn T2[13] = {0, tile_1_2, tile_2_2, tile_3_2, tile_4_2, tile_5_2, tile_6_2,
+                               tile_7_2, tile_8_2, tile_9_2, tile_10_2, tile_11_2, tile_12_2};
+static const tile_fn T3[9] = {0, tile_1_3, tile_2_3, tile_3_3, tile_4_3, tile_5_3, tile_6_3, tile_7_3, tile_8_3};
+static const tile_fn T4[7] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4, tile_5_4, tile_6_4};
+#else
+TILE(1, 2) TILE(2, 2) TILE(3, 2)
+static const tile_fn T2[4] = {0, tile_1_2, tile_2_2, tile_3_2};
+static const tile_fn T3[2] = {0, 0};
+static const tile_fn T4[2] = {0, 0};
+#endif
+
+/* Rows [0, M) x blocks [b0, b1): tiles of `width` blocks (fewer where fewer are left) and up to
+   `rows` rows each. */
+static void run_blocks(const float *x, long M, long K, const float *wp, long N, const float *bias, float *y,
+                       long b0, long b1, int width, int rows) {
+    long b = b0;
+    while (b < b1) {
+        int c = width;
+        while (c > 1 && b + c > b1) c = c == 3 ? 2 : c / 2;
+        int rmax = c == 4 ? RMAX4 : c == 3 ? RMAX3 : c == 2 ? RMAX2 : 6;
+        int step = rows < rmax ? rows : rmax;
+        const tile_fn *table = c == 4 ? T4 : c == 3 ? T3 : c == 2 ? T2 : T1;
+        long cols = N - b * 16;
+        if (cols > 16L * c) cols = 16L * c;
+        for (long m0 = 0; m0 < M; m0 += step) {
+            long r = M - m0 < step ? M - m0 : step;
+            table[r](x + m0 * K, K, wp + b * K * 16, K, y + m0 * N + b * 16, N, bias ? bias + b * 16 : NULL,
+                     cols);
+        }
+        b += c;
+    }
+}
+
+/* y [M][N] = x [M][K] @ W.T (+ bias), W packed by lsg_pack; x and y row-major and contiguous. */
+void lsg_linear(const float *x, long M, long K, const float *wp, long N, const float *bias, float *y,
+                int nthreads) {
+    long nb = (N + 15) / 16;
+    /* Measured on SmolLM2-135M's shapes (AVX-512, 2 cores): up to 6 rows, one 4-block tile of all
+       the rows (each weight read once); past that, 3-block tiles of up to 8 rows (24 accumulators:
+       the most that leave registers for the weights). Any tiling gives the same bits. */
+    int width = M <= 6 ? 4 : 3;
+    int rows = M <= 6 ? 6 : 8;
+#if LSG_ISA != 512
+    width = 2;
+    rows = 3;
+#endif
+    if (nthreads < 1) nthreads = 1;
+    if (nb < nthreads) nthreads = (int)nb;
+    if (nthreads == 1) {
+        run_blocks(x, M, K, wp, N, bias, y, 0, nb, width, rows);
+        return;
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        long b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
+        run_blocks(x, M, K, wp, N, bias, y, b0, b1, width, rows);
+    }
+}
