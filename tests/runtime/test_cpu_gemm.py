@@ -124,3 +124,13 @@ def test_the_avx2_build_gives_the_same_bits(tmp_path) -> None:
     want = cpu_gemm.StreamWeights(native, w, b)(x)
     for m in (1, 2, 3, 7, 41):
         assert torch.equal(cpu_gemm.StreamWeights(avx2, w, b)(x[:m]), want[:m]), m
+
+
+@needs_kernel
+def test_it_runs_on_torchs_openmp_runtime_not_a_second_one() -> None:
+    """Loaded after torch, the kernel's libgomp dependency resolves to the copy torch already loaded
+    (same soname), so its threads are torch's: a second OpenMP pool would fight torch's spinning
+    workers for the same cores."""
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        gomp = {line.split()[-1] for line in f if "libgomp" in line}
+    assert len(gomp) == 1, gomp
