@@ -3,10 +3,10 @@
 A decode step multiplies a few rows (one per sequence, plus draft rows) by every weight of the
 model. oneDNN's packed products read each weight once, but for 2-32 rows they run well below both
 the memory's and the FMA units' speed (SmolLM2-135M's 121 products per step, 2-core Xeon with
-AVX-512: 42 ms at 8 rows, 55 ms at 16, against 29 ms at one). ``sgemm.c`` keeps a tile of rows x
+AVX-512: 39 ms at 8 rows, 48 ms at 16, against 35 ms at one). ``sgemm.c`` keeps a tile of rows x
 48-64 columns in registers while the weights stream past, so rows are nearly free until the FMA
-units are busy (the same products, interleaved with oneDNN's: 23 ms at one row, 29 ms at 8, 41 ms at
-16, 161 against 171 ms at 136 rows; ``lookupspec bench-linear`` measures it on any machine).
+units are busy (the same products, interleaved with oneDNN's by ``lookupspec bench-linear``: 25 ms
+at one row, 28 ms at 8, 37 ms at 16, and on par at prompt-chunk sizes: 166 against 157 ms at 128).
 
 Every output is one fused multiply-add chain over k in order, so a row's bits do not depend on the
 other rows, the tiling or the thread count: batch-invariant by construction, and fused projections

@@ -6,8 +6,9 @@ for 2-3 rows (each row re-reads the weight). Two packed backends read the weight
 
 - the streaming kernel (:mod:`.cpu_gemm`, ``sgemm.c`` built on first use), where it builds (Linux
   on x86-64 with AVX2+FMA and a C compiler): rows ride along the weight stream almost for free up
-  to a few dozen (SmolLM2-135M's products per step, 2-core Xeon: 18 / 24 / 30 ms at 1 / 8 / 16
-  rows, oneDNN 26 / 39 / 43 ms), and a row's bits never depend on the other rows;
+  to a few dozen (SmolLM2-135M's products per step, 2-core Xeon, ``lookupspec bench-linear``:
+  25 / 28 / 37 ms at 1 / 8 / 16 rows, oneDNN 35 / 39 / 48 ms), and a row's bits never depend on the
+  other rows;
 - oneDNN with the weight reordered ahead of time into its blocked layout, everywhere else (2-core
   EPYC, single thread: LM head [49152 x 576] 1 row 7.4 -> 3.9 ms, 8 rows 15.2 -> 4.8 ms against
   MKL; MLP [1536 x 576] 1 row 55 -> 53 us, 8 rows 238 -> 92 us).
