@@ -42,6 +42,7 @@ read once either way) and makes every row count agree. The probe runs on either 
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
 
 import torch
@@ -83,11 +84,16 @@ def linear_backend() -> str:
 Weights = _OneDNNWeights | cpu_gemm.StreamWeights
 
 
-def _weights(weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int) -> Weights:
-    lib = cpu_gemm.kernel()
+def _weights(weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int,
+             lib: ctypes.CDLL | None) -> Weights:
+    """``weight`` packed for the streaming kernel ``lib``, or for oneDNN when ``lib`` is None."""
     if lib is not None:
         return cpu_gemm.StreamWeights(lib, weight, bias)
     return _OneDNNWeights(weight, bias, batch_hint)
+
+
+def _backend(weights: Weights) -> str:
+    return "stream" if isinstance(weights, cpu_gemm.StreamWeights) else "onednn"
 
 
 def _matmul(x: torch.Tensor, product: Product, pad_single: bool) -> torch.Tensor:
@@ -137,7 +143,7 @@ def packing_available() -> bool:
 
 
 def _key(weights: Weights, in_features: int, out_features: int) -> tuple:
-    return (type(weights).__name__, in_features, out_features, weights.bias is not None)
+    return (_backend(weights), in_features, out_features, weights.bias is not None)
 
 
 class PackedLinear(torch.nn.Module):
@@ -150,14 +156,18 @@ class PackedLinear(torch.nn.Module):
         self.out_features = linear.out_features
         with torch.no_grad():
             # a plain attribute, not a buffer: packed weights cannot be saved or moved like tensors
-            self.weights = _weights(linear.weight, linear.bias, batch_hint)
-        self.backend = "stream" if isinstance(self.weights, cpu_gemm.StreamWeights) else "onednn"
+            self.weights = _weights(linear.weight, linear.bias, batch_hint, cpu_gemm.kernel())
         self.pad_single = bool(single_row_differs(self.weights, _key(self.weights, self.in_features,
                                                                      self.out_features), self.in_features))
 
     @property
     def bias(self) -> torch.Tensor | None:
         return self.weights.bias
+
+    @property
+    def backend(self) -> str:
+        """``"stream"`` or ``"onednn"``: what the weights were packed for."""
+        return _backend(self.weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _matmul(x, self.weights, self.pad_single)
@@ -171,9 +181,9 @@ class PackedLinear(torch.nn.Module):
 
 
 class FusedLinears:
-    """Packed linear layers that read the same input, run as one oneDNN matmul over their stacked
-    weights: ``self(x)`` is ``cat([part(x) for part in parts], -1)`` bit for bit. Build it with
-    :meth:`fuse`, which returns ``None`` where a probe finds any difference."""
+    """Packed linear layers that read the same input, run as one matmul (of their parts' backend)
+    over their stacked weights: ``self(x)`` is ``cat([part(x) for part in parts], -1)`` bit for bit.
+    Build it with :meth:`fuse`, which returns ``None`` where a probe finds any difference."""
 
     def __init__(self, parts: Sequence[PackedLinear], batch_hint: int = _BATCH_HINT) -> None:
         if len({p.backend for p in parts}) != 1:
@@ -184,12 +194,9 @@ class FusedLinears:
             if any(has_bias) and not all(has_bias):
                 raise ValueError("cannot fuse layers of which only some have a bias")
             bias = torch.cat([p.bias for p in parts]).contiguous() if all(has_bias) else None  # type: ignore[misc]
-            if parts[0].backend == "stream":
-                lib = cpu_gemm.kernel()
-                assert lib is not None  # the parts were packed with it
-                self.weights: Weights = cpu_gemm.StreamWeights(lib, stacked, bias)
-            else:
-                self.weights = _OneDNNWeights(stacked, bias, batch_hint)
+            first = parts[0].weights  # the parts' own library, whatever the environment says now
+            lib = first.lib if isinstance(first, cpu_gemm.StreamWeights) else None
+            self.weights: Weights = _weights(stacked, bias, batch_hint, lib)
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
         self.pad_single = bool(single_row_differs(self.weights, _key(self.weights, self.in_features,

@@ -85,9 +85,12 @@ def test_packed_layers_use_it_by_default_and_onednn_when_told(monkeypatch) -> No
     onednn = PackedLinear(lin)
     assert onednn.backend == "onednn" and linear_backend() == "onednn"
     monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", "stream")
-    stream = PackedLinear(lin)
-    assert stream.backend == "stream"
+    stream, other = PackedLinear(lin), PackedLinear(torch.nn.Linear(64, 8))
+    assert stream.backend == other.backend == "stream"
     assert FusedLinears.fuse([onednn, stream]) is None  # never fused across backends
+    monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", "onednn")  # fusion follows the parts, not the setting
+    fused = FusedLinears.fuse([stream, other])
+    assert fused is not None and isinstance(fused.weights, cpu_gemm.StreamWeights)
     monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", "fastest")
     with pytest.raises(ValueError, match="LOOKUPSPEC_CPU_LINEAR"):
         PackedLinear(lin)
