@@ -30,7 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-gateway": ("lookupspec.benchmarks.gateway", "HTTP streaming vs in-process throughput and latency"),
     "bench-serve": ("lookupspec.benchmarks.serve", "a server under closed-loop load: tok/s, TTFT, ITL"),
     "bench-prefix": ("lookupspec.benchmarks.prefix", "TTFT and tok/s with the prefix cache on vs off"),
-    "bench-linear": ("lookupspec.benchmarks.linear", "CPU float32 linear layers: streaming kernel vs oneDNN"),
+    "bench-linear": ("lookupspec.benchmarks.linear",
+                     "CPU float32 kernels side by side: linear layers (stream vs oneDNN) or attention"),
 }
 
 

@@ -39,9 +39,10 @@ def test_cli_help_lists_commands():
         assert cmd in out
 
 
-def test_the_streaming_kernels_source_ships_with_the_package():
+def test_the_c_kernels_sources_ship_with_the_package():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    from lookupspec.runtime import cpu_gemm
+    from lookupspec.runtime import cpu_attention, cpu_gemm
 
-    assert cpu_gemm._SOURCE.is_file()
-    assert cpu_gemm._SOURCE.name in cfg["package-data"]["lookupspec.runtime"]
+    for source in (cpu_gemm._SOURCE, cpu_attention._SOURCE):
+        assert source.is_file()
+        assert source.name in cfg["package-data"]["lookupspec.runtime"]

@@ -1,4 +1,5 @@
-"""CPU float32 linear backends side by side: the streaming kernel (``sgemm.c``) against oneDNN.
+"""CPU float32 kernels side by side: the linear layers' streaming kernel (``sgemm.c``) against
+oneDNN, or (``--compare attention``) the native attention (``attend.c``) against SDPA.
 
 Two measurements, both backends interleaved round by round in one process, medians:
 
@@ -7,9 +8,11 @@ Two measurements, both backends interleaved round by round in one process, media
   matmuls cost alone.
 - ``forwards``: the runner's forward over B sequences x rows at ``--contexts`` cached tokens, and a
   forward carrying a 128-token prompt chunk with 8 one-row sequences: what a step costs. The model
-  is loaded once per backend.
+  is loaded once per linear backend; the attention backends share one model (the setting is read
+  at every forward), and the products, which they do not touch, are skipped.
 
-Example: lookupspec bench-linear --json out/linear.json
+Examples: lookupspec bench-linear --json out/linear.json
+          lookupspec bench-linear --compare attention --json out/attention.json
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from lookupspec.commands.common import positive_int
 
 __all__ = ["configure", "run"]
 
-BACKENDS = ("onednn", "stream")
+COMPARISONS = {"linear": ("onednn", "stream"), "attention": ("sdpa", "native")}
+_NAMES = {"onednn": "oneDNN", "stream": "stream", "sdpa": "SDPA", "native": "native"}
 
 
 def _ints(text: str) -> list[int]:
@@ -45,6 +49,8 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=os.environ.get("LOOKUPSPEC_MODEL", "smollm2-135m-instruct"),
                         help="named model, Hugging Face directory or .gguf file [env LOOKUPSPEC_MODEL]")
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="linear",
+                        help="linear: oneDNN vs the streaming matmul; attention: SDPA vs the native kernel")
     parser.add_argument("--rows", type=_ints, default=[1, 2, 4, 8, 12, 16, 24, 32, 64, 128],
                         help="products: rows per product")
     parser.add_argument("--steps", type=_pairs,
@@ -60,12 +66,13 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _load(model: str, backend: str) -> Any:
+def _load(model: str, backend: str | None) -> Any:
     from lookupspec.engine import Engine
     from lookupspec.models import load_model
     from lookupspec.runtime import prepare_models
 
-    os.environ["LOOKUPSPEC_CPU_LINEAR"] = backend
+    if backend is not None:
+        os.environ["LOOKUPSPEC_CPU_LINEAR"] = backend
     loaded = load_model(model, auto_pull=True)
     prepare_models(loaded.model)
     engine = Engine(loaded.model, prefill_chunk=128)
@@ -94,10 +101,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    backends = COMPARISONS[args.compare]
     engines = {}
-    for backend in BACKENDS:
-        _log(f"loading {args.model} with {backend} linear layers ...")
-        loaded, engines[backend] = _load(args.model, backend)
+    if args.compare == "linear":
+        for backend in backends:
+            _log(f"loading {args.model} with {backend} linear layers ...")
+            loaded, engines[backend] = _load(args.model, backend)
+    else:
+        from lookupspec.runtime import cpu_attention
+
+        os.environ["LOOKUPSPEC_CPU_ATTENTION"] = "native"
+        cpu_attention.kernel()  # built now, or an error now
+        _log(f"loading {args.model} ...")
+        loaded, engine = _load(args.model, None)
+        engines = {be: engine for be in backends}
     tokenizer = loaded.tokenizer
     text = " ".join(f"Passage {i}: the quick brown fox jumps over the lazy dog." for i in range(300))
     ids = tokenizer(text)["input_ids"]
@@ -107,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(0)
     features = {f for e in engines.values() for lyr in e.runner.lean.layers
                 for f in (lyr.o_proj.in_features, lyr.down.in_features, lyr.down.out_features)}
-    features.add(engines["stream"].runner.lean.lm_head.in_features)
+    features.add(engines[backends[1]].runner.lean.lm_head.in_features)
     inputs = {f: torch.randn(max(args.rows), f, generator=gen) for f in features}
     slots: dict[str, dict[int, list[Any]]] = {}
     for backend, engine in engines.items():
@@ -119,15 +136,17 @@ def run(args: argparse.Namespace) -> int:
             for s in slots[backend][ctx]:
                 for i in range(0, ctx, 128):
                     runner.prefill(s, ids[i:min(ctx, i + 128)])
-    configs: list[tuple[Any, ...]] = [("products", r) for r in args.rows]
+    configs: list[tuple[Any, ...]] = [("products", r) for r in args.rows] if args.compare == "linear" else []
     configs += [("forward", ctx, b, r) for ctx in args.contexts for b, r in args.steps]
     configs += [("chunk", max(args.contexts), 8)]
-    times: dict[tuple[str, tuple], list[float]] = {(be, c): [] for be in BACKENDS for c in configs}
+    times: dict[tuple[str, tuple], list[float]] = {(be, c): [] for be in backends for c in configs}
     with torch.inference_mode():
         for rnd in range(args.rounds + 1):
             for c in configs:
-                for be in BACKENDS if rnd % 2 else BACKENDS[::-1]:
+                for be in backends if rnd % 2 else backends[::-1]:
                     engine = engines[be]
+                    if args.compare == "attention":
+                        os.environ["LOOKUPSPEC_CPU_ATTENTION"] = be
                     if c[0] == "products":
                         dt = _products(engine, c[1], inputs)
                     else:
@@ -148,24 +167,28 @@ def run(args: argparse.Namespace) -> int:
             _log(f"round {rnd}/{args.rounds} done")
     rows = []
     for c in configs:
-        med = {be: statistics.median(times[(be, c)]) * 1000 for be in BACKENDS}
+        med = {be: statistics.median(times[(be, c)]) * 1000 for be in backends}
         if c[0] == "products":
             what = f"products, {c[1]} rows"
         elif c[0] == "forward":
             what = f"forward, {c[2]} seqs x {c[3]} rows, {c[1]} cached"
         else:
             what = f"forward, 128-token chunk + {c[2]} one-row seqs, {c[1]} cached"
-        rows.append({"what": what, "onednn_ms": round(med["onednn"], 2), "stream_ms": round(med["stream"], 2),
-                     "speedup": round(med["onednn"] / med["stream"], 2)})
-    print("\n| measured | oneDNN ms | stream ms | oneDNN / stream |\n|---|---:|---:|---:|")
+        a, b = backends
+        rows.append({"what": what, f"{a}_ms": round(med[a], 2), f"{b}_ms": round(med[b], 2),
+                     "speedup": round(med[a] / med[b], 2)})
+    a, b = (_NAMES[be] for be in backends)
+    print(f"\n| measured | {a} ms | {b} ms | {a} / {b} |\n|---|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['what']} | {r['onednn_ms']:.1f} | {r['stream_ms']:.1f} | {r['speedup']:.2f}x |")
+        ta, tb = r[backends[0] + "_ms"], r[backends[1] + "_ms"]
+        print(f"| {r['what']} | {ta:.1f} | {tb:.1f} | {r['speedup']:.2f}x |")
     if args.json is not None:
         import platform
 
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": args.model,
+            "compare": args.compare,
             "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "rounds": args.rounds, "rows": rows}, indent=2) + "\n")
         _log(f"wrote {args.json}")

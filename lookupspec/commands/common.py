@@ -8,14 +8,21 @@ import os
 from lookupspec.models import DEFAULT_MODEL, DTYPES
 
 CPU_LINEAR = ("auto", "stream", "onednn")
+CPU_ATTENTION = ("auto", "native", "sdpa")
 
 
-class _CpuLinear(argparse.Action):
-    """``--cpu-linear``: recorded in ``LOOKUPSPEC_CPU_LINEAR``, which the packing reads
-    (:mod:`lookupspec.runtime.cpu_gemm`), so it holds for every model this process loads."""
+class _Environ(argparse.Action):
+    """An option recorded in the environment variable ``env``: ``--cpu-linear`` in
+    ``LOOKUPSPEC_CPU_LINEAR``, which the packing reads (:mod:`lookupspec.runtime.cpu_gemm`),
+    ``--cpu-attention`` in ``LOOKUPSPEC_CPU_ATTENTION``, which every forward reads
+    (:mod:`lookupspec.runtime.cpu_attention`), so they hold for every model this process loads."""
+
+    def __init__(self, *args, env: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.env = env
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        os.environ["LOOKUPSPEC_CPU_LINEAR"] = str(values)
+        os.environ[self.env] = str(values)
         setattr(namespace, self.dest, values)
 
 
@@ -31,12 +38,19 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         default=os.environ.get("LOOKUPSPEC_PACKED_LINEAR", "1") not in ("0", "false", "no"),
                         help="on CPU float32, keep PyTorch's own linear layers instead of prepacked "
                              "weights (slower; for comparison) [env LOOKUPSPEC_PACKED_LINEAR=0]")
-    parser.add_argument("--cpu-linear", choices=CPU_LINEAR, action=_CpuLinear,
+    parser.add_argument("--cpu-linear", choices=CPU_LINEAR, action=_Environ, env="LOOKUPSPEC_CPU_LINEAR",
                         default=os.environ.get("LOOKUPSPEC_CPU_LINEAR", "auto"),
                         help="which matmul runs the prepacked CPU float32 layers: stream (lookupspec's "
                              "streaming kernel, compiled with the system C compiler on first use; fastest "
                              "for decoding), onednn (PyTorch's oneDNN), or auto: stream where it builds, "
                              "else onednn (default auto) [env LOOKUPSPEC_CPU_LINEAR]")
+    parser.add_argument("--cpu-attention", choices=CPU_ATTENTION, action=_Environ,
+                        env="LOOKUPSPEC_CPU_ATTENTION",
+                        default=os.environ.get("LOOKUPSPEC_CPU_ATTENTION", "auto"),
+                        help="attention on the CPU in float32: native (lookupspec's kernel, one call per "
+                             "layer for the whole batch, compiled with the system C compiler on first "
+                             "use), sdpa (PyTorch's, once per sequence), or auto: native where it builds, "
+                             "else sdpa (default auto) [env LOOKUPSPEC_CPU_ATTENTION]")
     parser.add_argument("--no-lean-forward", dest="lean_forward", action="store_false",
                         default=os.environ.get("LOOKUPSPEC_LEAN_FORWARD", "1") not in ("0", "false", "no"),
                         help="decode and verify through transformers' own forward instead of lookupspec's "

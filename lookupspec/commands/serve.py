@@ -154,6 +154,19 @@ def _packed(text_engine: Any) -> str:
     return f"on ({', '.join(backends)})" if backends else "off"
 
 
+def _attention(text_engine: Any) -> str:
+    """Which attention the served model's forwards use: "native" (CPU float32, the kernel built) or
+    "sdpa"."""
+    import torch
+
+    from lookupspec.runtime import cpu_attention
+
+    param = next(text_engine.loaded.model.parameters())
+    if param.device.type != "cpu" or param.dtype != torch.float32:
+        return "sdpa"
+    return "native" if cpu_attention.kernel() is not None else "sdpa"
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -265,7 +278,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
              f"{torch.get_num_threads()} threads, context window {service.context_window} tokens; "
              f"speculation {'on' if spec.enabled else 'off'}: up to {spec.max_draft_tokens} draft tokens "
              f"per step, sources {','.join(spec.sources)}, draft model {args.draft_model or 'none'}; "
-             f"packed linear {_packed(te) if args.packed_linear else 'off'}, "
+             f"packed linear {_packed(te) if args.packed_linear else 'off'}, attention {_attention(te)}, "
              f"lean forward {'on' if args.lean_forward else 'off'}; batches of up to {args.max_batch} "
              f"sequences, prefill chunks of {args.prefill_chunk} tokens, prefix cache "
              + (f"{args.prefix_cache_mb} MiB" if args.prefix_cache_mb else "off"))

@@ -2,11 +2,13 @@
 
 :func:`attend` is the one place attention happens in a runtime forward, for the lean forward and for
 transformers' own forward alike. It writes the batch's new keys and values into the
-:class:`~lookupspec.runtime.kvpool.SlotPool` (one indexed copy per tensor and layer), then runs
-``scaled_dot_product_attention`` once per sequence, over exactly that sequence's keys with its own
-mask (:mod:`lookupspec.runtime.batch`). A sequence's attention is therefore the same computation
-whatever else is in the batch, which is what makes a batched forward bit-identical to the
-batch-of-one forward wherever the row-wise ops are (see ``ModelRunner``'s probe).
+:class:`~lookupspec.runtime.kvpool.SlotPool` (one indexed copy per tensor and layer), then attends:
+on the CPU in float32 through :mod:`~lookupspec.runtime.cpu_attention` (one native call for the
+whole batch), elsewhere with ``scaled_dot_product_attention`` once per sequence, over exactly
+that sequence's keys with its own mask (:mod:`lookupspec.runtime.batch`). Either way a sequence's
+attention is the same computation whatever else is in the batch, which is what makes a batched
+forward bit-identical to the batch-of-one forward wherever the row-wise ops are (see
+``ModelRunner``'s probe).
 
 transformers' forward reaches it through the attention interface: :func:`use_runtime_attention`
 registers :data:`ATTN_NAME` and switches a model to it. While a batch is active
@@ -27,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+from . import cpu_attention
 
 if TYPE_CHECKING:
     from .batch import RaggedBatch
@@ -107,9 +111,13 @@ def attend(batch: RaggedBatch, layer: int, query: torch.Tensor, key: torch.Tenso
     # every row's key and value into its sequence's slot: one indexed copy per tensor
     keys[batch.write_slot, :, batch.write_entry[gi]] = key[0, :, :real].transpose(0, 1).to(keys.dtype)
     values[batch.write_slot, :, batch.write_entry[gi]] = value[0, :, :real].transpose(0, 1).to(values.dtype)
+    explicit = softcap is not None or sinks is not None
+    if not explicit and cpu_attention.applies(query, keys, values):
+        lib = cpu_attention.kernel()
+        if lib is not None:  # every view in one native call
+            return cpu_attention.attend_native(lib, batch, gi, query, keys, values, scaling)
     heads, kv_heads, d = query.shape[1], keys.shape[1], query.shape[-1]
     width = heads * values.shape[-1]
-    explicit = softcap is not None or sinks is not None
     rows = query[0].transpose(0, 1)  # [rows, heads, head_dim], a view
     parts = []  # each sequence's output rows, [n, heads * value_dim]; one cat at the end
     for view in batch.views:

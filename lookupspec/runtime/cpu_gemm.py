@@ -23,90 +23,19 @@ the packed layers keep oneDNN) where it cannot be built: no compiler, no AVX2+FM
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
 
+from .native_build import LazyLibrary
+
 __all__ = ["StreamWeights", "backend_choice", "kernel", "kernel_error"]
 
-log = logging.getLogger(__name__)
-
 _SOURCE = Path(__file__).with_name("sgemm.c")
-_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
-_BACKENDS = ("auto", "stream", "onednn")
-
-_lib: ctypes.CDLL | None = None
-_error: str | None = None
-_tried = False
-_lock = threading.Lock()
 
 
-def backend_choice() -> str:
-    """``LOOKUPSPEC_CPU_LINEAR``: ``auto`` (default: the streaming kernel where it builds, else
-    oneDNN), ``stream`` or ``onednn``."""
-    value = os.environ.get("LOOKUPSPEC_CPU_LINEAR", "auto").strip().lower() or "auto"
-    if value not in _BACKENDS:
-        raise ValueError(f"LOOKUPSPEC_CPU_LINEAR must be one of {', '.join(_BACKENDS)}, got {value!r}")
-    return value
 
-
-def _cpu_key() -> str:
-    """What ``-march=native`` depends on: the CPU's model and flags."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
-    except OSError:
-        lines = [platform.processor()]
-    return "\n".join(lines)
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _build(arch: str = "native", directory: Path | None = None) -> ctypes.CDLL:
-    """Compile ``sgemm.c`` for ``-march=arch`` into ``directory`` (default ``$LOOKUPSPEC_HOME/kernels``)
-    unless a build of the same source, flags and CPU is there, and load it."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        raise OSError(f"the streaming kernel is built for Linux on x86-64, not {platform.system()} "
-                      f"{platform.machine()}")
-    cc = _compiler()
-    if cc is None:
-        raise OSError("no C compiler (set CC, or install gcc)")
-    source = _SOURCE.read_bytes()
-    flags = (*_FLAGS, f"-march={arch}")
-    digest = hashlib.sha256(source + " ".join((cc, *flags)).encode() + _cpu_key().encode()).hexdigest()[:20]
-    if directory is None:
-        from lookupspec.models import lookupspec_home
-
-        directory = lookupspec_home() / "kernels"
-    out = directory / f"sgemm-{digest}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # build beside the target and rename: concurrent processes (test workers) may build at once
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        try:
-            run = subprocess.run([cc, *flags, str(_SOURCE), "-o", tmp], capture_output=True, text=True,
-                                 timeout=120)
-            if run.returncode != 0:
-                raise OSError(f"{cc} failed: {run.stderr.strip()[-800:]}")
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(out))
+def _declare(lib: ctypes.CDLL) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_long
     lib.lsg_linear.argtypes = [p, i64, i64, p, i64, p, p, ctypes.c_int]
     lib.lsg_linear.restype = None
@@ -115,32 +44,32 @@ def _build(arch: str = "native", directory: Path | None = None) -> ctypes.CDLL:
     lib.lsg_unpack.argtypes = [p, p, i64, i64]
     lib.lsg_unpack.restype = None
     lib.lsg_isa.restype = ctypes.c_int
-    return lib
+
+
+_LIBRARY = LazyLibrary(_SOURCE, _declare, "LOOKUPSPEC_CPU_LINEAR", on="stream", off="onednn",
+                       fallback="packed layers use oneDNN")
+
+
+def backend_choice() -> str:
+    """``LOOKUPSPEC_CPU_LINEAR``: ``auto`` (default: the streaming kernel where it builds, else
+    oneDNN), ``stream`` or ``onednn``."""
+    return _LIBRARY.choice()
+
+
+def _build(arch: str = "native", directory: Path | None = None) -> ctypes.CDLL:
+    """Build (or reuse) ``sgemm.c`` for ``-march=arch`` into ``directory``, declared."""
+    return _LIBRARY.build(arch, directory)
 
 
 def kernel() -> ctypes.CDLL | None:
     """The built library, or None where it cannot be built (or ``LOOKUPSPEC_CPU_LINEAR=onednn``);
     :func:`kernel_error` says why. Raises with ``LOOKUPSPEC_CPU_LINEAR=stream`` when the build fails."""
-    global _lib, _error, _tried
-    choice = backend_choice()
-    if choice == "onednn":
-        return None
-    with _lock:
-        if not _tried:
-            _tried = True
-            try:
-                _lib = _build()
-            except (OSError, subprocess.SubprocessError) as exc:
-                _error = str(exc)
-                log.info("streaming CPU matmul unavailable (%s); packed layers use oneDNN", _error)
-    if _lib is None and choice == "stream":
-        raise RuntimeError(f"LOOKUPSPEC_CPU_LINEAR=stream, but the kernel could not be built: {_error}")
-    return _lib
+    return _LIBRARY.get()
 
 
 def kernel_error() -> str | None:
     """Why :func:`kernel` returned None (None when it did not, or was not asked)."""
-    return _error
+    return _LIBRARY.error
 
 
 class StreamWeights:

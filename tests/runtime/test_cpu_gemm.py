@@ -8,6 +8,7 @@ import torch
 
 from lookupspec.runtime import cpu_gemm
 from lookupspec.runtime.cpu_linear import FusedLinears, PackedLinear, linear_backend
+from lookupspec.runtime.native_build import LazyLibrary
 
 needs_kernel = pytest.mark.skipif(
     cpu_gemm.kernel() is None, reason=f"the streaming kernel does not build here: {cpu_gemm.kernel_error()}")
@@ -97,9 +98,9 @@ def test_packed_layers_use_it_by_default_and_onednn_when_told(monkeypatch) -> No
 
 
 def test_a_failed_build_falls_back_to_onednn_or_fails_when_asked_for(monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(cpu_gemm, "_lib", None)
-    monkeypatch.setattr(cpu_gemm, "_error", None)
-    monkeypatch.setattr(cpu_gemm, "_tried", False)
+    monkeypatch.setattr(cpu_gemm, "_LIBRARY", LazyLibrary(cpu_gemm._SOURCE, cpu_gemm._declare,
+                                                          "LOOKUPSPEC_CPU_LINEAR", on="stream", off="onednn",
+                                                          fallback="oneDNN"))
     monkeypatch.setenv("LOOKUPSPEC_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", "auto")

@@ -1,0 +1,346 @@
+/* Float32 attention for a ragged batch on x86 CPUs: every sequence's rows, every head, one call.
+
+   A forward's rows belong to sequences (views). A view's rows see a range of entries [lo, hi) of
+   its slot in the KV pool, all of them (kind 0: one decode row), causally (kind 1: row i sees the
+   first hi - lo - n + 1 + i entries) or through a byte mask [n][hi - lo] (kind 2: draft trees,
+   chunks after a cache, sliding windows). The keys a row sees are always its sequence's positions
+   in ascending order, whichever kind of forward carries the row.
+
+   One row and one key/value head is one unit of work; the unit's query heads share each key and
+   value as they are loaded. Per query head:
+     s[c] = (q . k_c) * scale   the dot product as 16 lanes of d / 16 fused multiply-adds in order,
+                                then a fixed halving tree across the lanes;
+     m = max(s);  e[c] = exp(s[c] - m)   (a fixed polynomial);
+     sum = the lanes of e summed by c mod 16, then the same tree;
+     out = (sum over c of e[c] * v_c, in order of c) * (1 / sum).
+   c counts the visible keys from the row's first visible position, so a row's arithmetic depends
+   only on its own position and its sequence's keys: not on the other rows of its forward, on the
+   chunk or draft tree it came in, on the batch or on the thread count. That makes a prefill chunk
+   of any size, a draft tree and a one-token step give a row the same bits.
+
+   Threads: the calling thread's OpenMP team (torch's, when loaded after torch, as sgemm.c). */
+
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define LSA_ISA 512
+typedef __m512 vec;
+static inline vec v_zero(void) { return _mm512_setzero_ps(); }
+static inline vec v_set(float a) { return _mm512_set1_ps(a); }
+static inline vec v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void v_store(float *p, vec v) { _mm512_storeu_ps(p, v); }
+static inline vec v_add(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec v_sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec v_mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec v_max(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline vec v_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec v_round(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* a * 2^n for integral n in [-127, 127] (exact) */
+static inline vec v_pow2(vec a, vec n) {
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(a, _mm512_castsi512_ps(e));
+}
+/* lanes i + i+8 (as two 256-bit halves) */
+static inline __m256 v_fold(vec v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define LSA_ISA 256
+typedef struct { __m256 lo, hi; } vec;
+#define V2(expr_lo, expr_hi) do { vec r_ = {expr_lo, expr_hi}; return r_; } while (0)
+static inline vec v_zero(void) { V2(_mm256_setzero_ps(), _mm256_setzero_ps()); }
+static inline vec v_set(float a) { V2(_mm256_set1_ps(a), _mm256_set1_ps(a)); }
+static inline vec v_load(const float *p) { V2(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+static inline void v_store(float *p, vec v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
+static inline vec v_add(vec a, vec b) { V2(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
+static inline vec v_sub(vec a, vec b) { V2(_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)); }
+static inline vec v_mul(vec a, vec b) { V2(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
+static inline vec v_max(vec a, vec b) { V2(_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)); }
+static inline vec v_fma(vec a, vec b, vec c) { V2(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)); }
+static inline vec v_round(vec a) {
+    V2(_mm256_round_ps(a.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+       _mm256_round_ps(a.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+static inline __m256 pow2_half(__m256 a, __m256 n) {
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(a, _mm256_castsi256_ps(e));
+}
+static inline vec v_pow2(vec a, vec n) { V2(pow2_half(a.lo, n.lo), pow2_half(a.hi, n.hi)); }
+static inline __m256 v_fold(vec v) { return _mm256_add_ps(v.lo, v.hi); }
+#else
+#error "lookupspec's attention kernel needs AVX-512F or AVX2 with FMA"
+#endif
+
+int lsa_isa(void) { return LSA_ISA; }
+
+/* The 16 lanes' sum: (i + i+8), then (i + i+4), (i + i+2), (i + i+1): the same tree in both ISAs. */
+static inline float v_hsum(vec v) {
+    __m256 a = v_fold(v);
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));
+    return _mm_cvtss_f32(b);
+}
+
+/* The sums of KB vectors at once, out[j] = v_hsum(p[j]): the same tree of additions for every
+   lane (each step adds the same pairs of lanes), so the same bits. */
+#if LSA_ISA == 512
+#define KB 16
+static inline void hsum_block(const vec *p, float *out) {
+    vec x[8], y[4], z[2];
+    for (int j = 0; j < 8; j++) /* lanes i + i+8 */
+        x[j] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * j], p[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(p[2 * j], p[2 * j + 1], 0xEE));
+    for (int j = 0; j < 4; j++) /* i + i+4: 128-bit lane l of y[j] is key 4j + l */
+        y[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], 0xDD));
+    for (int j = 0; j < 2; j++) /* i + i+2 */
+        z[j] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * j], y[2 * j + 1], 0x44),
+                             _mm512_shuffle_ps(y[2 * j], y[2 * j + 1], 0xEE));
+    /* i + i+1: lane 4l + e holds key 4e + l */
+    vec w = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, w));
+}
+#else
+#define KB 8
+static inline void hsum_block(const vec *p, float *out) {
+    __m256 f[8], g[4], h[2];
+    for (int j = 0; j < 8; j++) f[j] = v_fold(p[j]); /* lanes i + i+8 */
+    for (int j = 0; j < 4; j++) /* i + i+4: 128-bit lane l of g[j] is key 2j + l */
+        g[j] = _mm256_add_ps(_mm256_permute2f128_ps(f[2 * j], f[2 * j + 1], 0x20),
+                             _mm256_permute2f128_ps(f[2 * j], f[2 * j + 1], 0x31));
+    for (int j = 0; j < 2; j++) /* i + i+2 */
+        h[j] = _mm256_add_ps(_mm256_shuffle_ps(g[2 * j], g[2 * j + 1], 0x44),
+                             _mm256_shuffle_ps(g[2 * j], g[2 * j + 1], 0xEE));
+    /* i + i+1: lanes hold keys 0, 2, 4, 6, 1, 3, 5, 7 */
+    __m256 w = _mm256_add_ps(_mm256_shuffle_ps(h[0], h[1], 0x88), _mm256_shuffle_ps(h[0], h[1], 0xDD));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(w, order));
+}
+#endif
+
+/* exp(x) for x <= 0 (Cephes' expf polynomial; x below -87 counts as -87, about 1.6e-38). */
+static inline vec v_exp(vec x) {
+    x = v_max(x, v_set(-87.0f));
+    vec n = v_round(v_mul(x, v_set(1.44269504088896341f)));
+    vec r = v_fma(n, v_set(-0.693359375f), x);
+    r = v_fma(n, v_set(2.12194440e-4f), r);
+    vec p = v_set(1.9875691500e-4f);
+    p = v_fma(p, r, v_set(1.3981999507e-3f));
+    p = v_fma(p, r, v_set(8.3334519073e-3f));
+    p = v_fma(p, r, v_set(4.1665795894e-2f));
+    p = v_fma(p, r, v_set(1.6666665459e-1f));
+    p = v_fma(p, r, v_set(5.0000001201e-1f));
+    vec y = v_add(v_fma(v_mul(p, r), r, r), v_set(1.0f));
+    return v_pow2(y, n);
+}
+
+#define PLAN 7   /* per view: slot, r0, r1, lo, hi, kind, mask offset */
+#define RB 8     /* rows of one view per unit of work: they share the keys and values they load */
+#define EB 64    /* entries per block: a block's keys or values (16 KB at d = 64) stay in L1 */
+
+typedef struct {
+    const float *q; long q_row, q_head;
+    const float *k; long k_slot, k_head, k_entry;
+    const float *v; long v_slot, v_head, v_entry;
+    long heads, kv_heads, d, dv;
+    const long *plan; const unsigned char *masks;
+    float scale; float *out;
+} job;
+
+typedef struct { /* one thread's scratch, sized for the batch's longest key range */
+    int *idx;    /* [RB][cap]: a row's visible entries, ascending */
+    float *sc;   /* [RB * g][cap + 16]: scores, then softmax weights; 1 / sum in the last float */
+    float *acc;  /* [RB * g][dv]: weighted values between entry blocks */
+    long cap;
+} scratch;
+
+static inline float dot(const float *q, const float *k, long d) {
+    vec acc = v_mul(v_load(q), v_load(k));
+    for (long x = 16; x < d; x += 16) acc = v_fma(v_load(q + x), v_load(k + x), acc);
+    return v_hsum(acc);
+}
+
+/* Rows [i0, i0 + nr) of a view x one key/value head (its g query heads). */
+static void unit(const job *J, const scratch *S, long view, long i0, long nr, long kh) {
+    const long *P = J->plan + view * PLAN;
+    long slot = P[0], n = P[2] - P[1], lo = P[3], keys = P[4] - P[3], kind = P[5];
+    long g = J->heads / J->kv_heads, d = J->d, dv = J->dv, cap = S->cap, stride = cap + 16;
+    const float *kb = J->k + slot * J->k_slot + kh * J->k_head;
+    const float *vb = J->v + slot * J->v_slot + kh * J->v_head;
+    long cnt[RB], cur[RB];
+    for (long r = 0; r < nr; r++) { /* visible entries */
+        long i = i0 + r, c = 0;
+        int *idx = S->idx + r * cap;
+        if (kind == 2) {
+            const unsigned char *m = J->masks + P[6] + i * keys;
+            for (long j = 0; j < keys; j++)
+                if (m[j]) idx[c++] = (int)(lo + j);
+        } else {
+            long see = kind == 1 ? keys - n + 1 + i : keys;
+            for (long j = 0; j < see; j++) idx[c++] = (int)(lo + j);
+        }
+        cnt[r] = c;
+    }
+    /* scores, block by block of entries; a row's keys in groups of KB summed by one transpose */
+    for (long r = 0; r < nr; r++) cur[r] = 0;
+    for (long e0 = lo; e0 < lo + keys; e0 += EB) {
+        for (long r = 0; r < nr; r++) {
+            const int *idx = S->idx + r * cap;
+            long c0 = cur[r], c1 = c0;
+            while (c1 < cnt[r] && idx[c1] < e0 + EB) c1++;
+            const float *qr = J->q + (P[1] + i0 + r) * J->q_row + kh * g * J->q_head;
+            for (long t = 0; t < g; t++) {
+                const float *qp = qr + t * J->q_head;
+                float *s = S->sc + (r * g + t) * stride;
+                long c = c0;
+                if (d == 64) { /* the query in registers */
+                    vec q0 = v_load(qp), q1 = v_load(qp + 16), q2 = v_load(qp + 32), q3 = v_load(qp + 48);
+                    for (; c + KB <= c1; c += KB) {
+                        vec part[KB];
+                        for (int j = 0; j < KB; j++) {
+                            const float *kp = kb + idx[c + j] * J->k_entry;
+                            vec a = v_mul(q0, v_load(kp));
+                            a = v_fma(q1, v_load(kp + 16), a);
+                            a = v_fma(q2, v_load(kp + 32), a);
+                            part[j] = v_fma(q3, v_load(kp + 48), a);
+                        }
+                        hsum_block(part, s + c);
+                    }
+                }
+                for (; c + KB <= c1; c += KB) {
+                    vec part[KB];
+                    for (int j = 0; j < KB; j++) {
+                        const float *kp = kb + idx[c + j] * J->k_entry;
+                        vec a = v_mul(v_load(qp), v_load(kp));
+                        for (long x = 16; x < d; x += 16) a = v_fma(v_load(qp + x), v_load(kp + x), a);
+                        part[j] = a;
+                    }
+                    hsum_block(part, s + c);
+                }
+                for (; c < c1; c++) s[c] = dot(qp, kb + idx[c] * J->k_entry, d);
+            }
+            cur[r] = c1;
+        }
+    }
+    /* softmax weights: max, exp, the sum by lanes c mod 16 */
+    for (long r = 0; r < nr; r++)
+        for (long t = 0; t < g; t++) {
+            float *s = S->sc + (r * g + t) * stride, tmp[16], m = -INFINITY;
+            long n_ = cnt[r];
+            vec sv = v_set(J->scale);
+            for (long c = 0; c < n_; c += 16) { /* scale; pad the tail with -inf */
+                if (c + 16 > n_)
+                    for (long l = n_; l < c + 16; l++) s[l] = -INFINITY;
+                v_store(s + c, v_mul(v_load(s + c), sv));
+            }
+            vec mx = v_load(s);
+            for (long c = 16; c < n_; c += 16) mx = v_max(mx, v_load(s + c));
+            v_store(tmp, mx);
+            for (int l = 0; l < 16; l++) m = tmp[l] > m ? tmp[l] : m;
+            vec vm = v_set(m), sum = v_zero();
+            for (long c = 0; c < n_; c += 16) {
+                vec e = v_exp(v_sub(v_load(s + c), vm));
+                if (c + 16 > n_) { /* lanes past the end add nothing */
+                    v_store(tmp, e);
+                    for (long l = n_ - c; l < 16; l++) tmp[l] = 0.0f;
+                    e = v_load(tmp);
+                }
+                v_store(s + c, e);
+                sum = v_add(sum, e);
+            }
+            s[stride - 1] = 1.0f / v_hsum(sum);
+        }
+    /* weighted values in order of the entries, block by block, 64 columns at a time */
+    for (long x = 0; x < dv; x += 64) {
+        long w = dv - x >= 64 ? 4 : (dv - x) / 16;
+        for (long r = 0; r < nr; r++) cur[r] = 0;
+        for (long h = 0; h < nr * g; h++)
+            for (long y = 0; y < w; y++) v_store(S->acc + h * dv + x + 16 * y, v_zero());
+        for (long e0 = lo; e0 < lo + keys; e0 += EB)
+            for (long r = 0; r < nr; r++) {
+                const int *idx = S->idx + r * cap;
+                long c0 = cur[r], c1 = c0;
+                while (c1 < cnt[r] && idx[c1] < e0 + EB) c1++;
+                for (long t = 0; t < g; t++) {
+                    const float *e = S->sc + (r * g + t) * stride;
+                    float *ap = S->acc + (r * g + t) * dv + x;
+                    if (w == 4) {
+                        vec a0 = v_load(ap), a1 = v_load(ap + 16), a2 = v_load(ap + 32), a3 = v_load(ap + 48);
+                        for (long c = c0; c < c1; c++) {
+                            const float *vp = vb + idx[c] * J->v_entry + x;
+                            vec p = v_set(e[c]);
+                            a0 = v_fma(p, v_load(vp), a0);
+                            a1 = v_fma(p, v_load(vp + 16), a1);
+                            a2 = v_fma(p, v_load(vp + 32), a2);
+                            a3 = v_fma(p, v_load(vp + 48), a3);
+                        }
+                        v_store(ap, a0); v_store(ap + 16, a1); v_store(ap + 32, a2); v_store(ap + 48, a3);
+                    } else
+                        for (long y = 0; y < w; y++) {
+                            vec a = v_load(ap + 16 * y);
+                            for (long c = c0; c < c1; c++)
+                                a = v_fma(v_set(e[c]), v_load(vb + idx[c] * J->v_entry + x + 16 * y), a);
+                            v_store(ap + 16 * y, a);
+                        }
+                }
+                cur[r] = c1;
+            }
+        for (long r = 0; r < nr; r++)
+            for (long t = 0; t < g; t++) {
+                const float *ap = S->acc + (r * g + t) * dv + x;
+                vec inv = v_set(S->sc[(r * g + t) * stride + stride - 1]);
+                float *o = J->out + ((P[1] + i0 + r) * J->heads + kh * g + t) * dv + x;
+                for (long y = 0; y < w; y++) v_store(o + 16 * y, v_mul(v_load(ap + 16 * y), inv));
+            }
+    }
+}
+
+/* out [rows][heads][dv] = attention of the rows of `nviews` views (plan: PLAN longs each) over the
+   pool's keys k [slots][kv_heads][entries][d] and values v [..][dv] (strides in floats; the last
+   dimension contiguous). q: row r, head h at q + r * q_row + h * q_head, d contiguous floats.
+   d and dv are multiples of 16. Rows outside every view are not written. */
+void lsa_attend(const float *q, long q_row, long q_head, const float *k, long k_slot, long k_head,
+                long k_entry, const float *v, long v_slot, long v_head, long v_entry, long heads,
+                long kv_heads, long d, long dv, const long *plan, long nviews, const unsigned char *masks,
+                float scale, float *out, int nthreads) {
+    job J = {q, q_row, q_head, k, k_slot, k_head, k_entry, v, v_slot, v_head, v_entry, heads, kv_heads,
+             d, dv, plan, masks, scale, out};
+    long blocks = 0, cap = 16;
+    for (long w = 0; w < nviews; w++) {
+        blocks += (plan[w * PLAN + 2] - plan[w * PLAN + 1] + RB - 1) / RB;
+        long keys = plan[w * PLAN + 4] - plan[w * PLAN + 3];
+        if (keys > cap) cap = keys;
+    }
+    long units = blocks * kv_heads;
+    long *where = malloc(sizeof(long) * 2 * (blocks ? blocks : 1)); /* (view, first row) per block */
+    for (long w = 0, b = 0; w < nviews; w++)
+        for (long i = 0; i < plan[w * PLAN + 2] - plan[w * PLAN + 1]; i += RB, b++) {
+            where[2 * b] = w;
+            where[2 * b + 1] = i;
+        }
+    long g = heads / kv_heads;
+    if (nthreads < 1) nthreads = 1;
+    if (units < nthreads) nthreads = (int)(units ? units : 1);
+#pragma omp parallel num_threads(nthreads)
+    {
+        scratch S = {malloc(sizeof(int) * RB * cap), malloc(sizeof(float) * RB * g * (cap + 16)),
+                     malloc(sizeof(float) * RB * g * dv), cap};
+#pragma omp for schedule(dynamic, 1)
+        for (long u = 0; u < units; u++) {
+            long b = u % blocks, kh = u / blocks; /* a thread's next units share its keys and values */
+            long w = where[2 * b], i = where[2 * b + 1], n = plan[w * PLAN + 2] - plan[w * PLAN + 1];
+            unit(&J, &S, w, i, n - i < RB ? n - i : RB, kh);
+        }
+        free(S.idx);
+        free(S.sc);
+        free(S.acc);
+    }
+    free(where);
+}
