@@ -34,7 +34,6 @@ __all__ = ["StreamWeights", "backend_choice", "kernel", "kernel_error"]
 _SOURCE = Path(__file__).with_name("sgemm.c")
 
 
-
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_long
     lib.lsg_linear.argtypes = [p, i64, i64, p, i64, p, p, ctypes.c_int]
@@ -54,11 +53,6 @@ def backend_choice() -> str:
     """``LOOKUPSPEC_CPU_LINEAR``: ``auto`` (default: the streaming kernel where it builds, else
     oneDNN), ``stream`` or ``onednn``."""
     return _LIBRARY.choice()
-
-
-def _build(arch: str = "native", directory: Path | None = None) -> ctypes.CDLL:
-    """Build (or reuse) ``sgemm.c`` for ``-march=arch`` into ``directory``, declared."""
-    return _LIBRARY.build(arch, directory)
 
 
 def kernel() -> ctypes.CDLL | None:

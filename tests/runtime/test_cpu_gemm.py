@@ -118,7 +118,7 @@ def test_the_avx2_build_gives_the_same_bits(tmp_path) -> None:
     without AVX-512) must agree bit for bit with whatever this machine built."""
     native = cpu_gemm.kernel()
     assert native is not None
-    avx2 = cpu_gemm._build("haswell", tmp_path)
+    avx2 = cpu_gemm._LIBRARY.build("haswell", tmp_path)
     assert avx2.lsg_isa() == 256
     gen = torch.Generator().manual_seed(5)
     w, b = torch.randn(131, 77, generator=gen), torch.randn(131, generator=gen)
