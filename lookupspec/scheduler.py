@@ -193,7 +193,7 @@ class Scheduler:
     @property
     def running(self) -> int:
         """Sequences holding a slot (prefilling or decoding)."""
-        return len(self._running) + sum(r.n for r in self._prefilling)
+        return len(self._running) + sum(r.n for r in list(self._prefilling))  # a copy: other threads read it
 
     # ---- the loop ---------------------------------------------------------------------------------
 
@@ -302,9 +302,11 @@ class Scheduler:
                 self._waiting.popleft()
                 self._end(req, exc)
                 continue
+            # into _prefilling before out of _waiting: the gateway reads these counts without the
+            # loop's lock, and a request counted nowhere for an instant would let one more in
+            self._prefilling.append(req)
             self._waiting.popleft()
             req.admitted = time.perf_counter()
-            self._prefilling.append(req)
             self.stats.admitted += 1
             admitted = True
         return admitted
@@ -380,7 +382,6 @@ class Scheduler:
         self.stats.prefill_chunks += 1
         if first is None:
             return
-        self._prefilling.remove(req)
         outputs = [(0, first)]
         for j in range(1, req.n):  # the other choices share the prefill
             try:
@@ -393,6 +394,9 @@ class Scheduler:
             outputs.append((j, out))
         for j, out in outputs:
             self._deliver(req, j, out)
+        # out of _prefilling only once its choices are in _running (see _admit: the counts the
+        # gateway's admission reads may be high for an instant, never low)
+        self._prefilling.remove(req)
 
     def _observe(self, live: list[tuple[Request, int]], outs: list[StepOutput | None],
                  seconds: float) -> None:
