@@ -161,10 +161,17 @@ typedef struct { /* one thread's scratch, sized for the batch's longest key rang
     long cap;
 } scratch;
 
-static inline float dot(const float *q, const float *k, long d) {
+/* q . k as 16 lanes: lane l sums dimensions l, 16 + l, ... in order (v_hsum finishes it). */
+static inline vec dot_lanes(const float *q, const float *k, long d) {
     vec acc = v_mul(v_load(q), v_load(k));
     for (long x = 16; x < d; x += 16) acc = v_fma(v_load(q + x), v_load(k + x), acc);
-    return v_hsum(acc);
+    return acc;
+}
+
+/* The end of a row's visible keys that lie before entry `limit`, from c0 (idx ascending). */
+static inline long block_end(const int *idx, long cnt, long c0, long limit) {
+    while (c0 < cnt && idx[c0] < limit) c0++;
+    return c0;
 }
 
 /* Rows [i0, i0 + nr) of a view x one key/value head (its g query heads). */
@@ -193,8 +200,7 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
     for (long e0 = lo; e0 < lo + keys; e0 += EB) {
         for (long r = 0; r < nr; r++) {
             const int *idx = S->idx + r * cap;
-            long c0 = cur[r], c1 = c0;
-            while (c1 < cnt[r] && idx[c1] < e0 + EB) c1++;
+            long c0 = cur[r], c1 = block_end(idx, cnt[r], c0, e0 + EB);
             const float *qr = J->q + (P[1] + i0 + r) * J->q_row + kh * g * J->q_head;
             for (long t = 0; t < g; t++) {
                 const float *qp = qr + t * J->q_head;
@@ -216,15 +222,10 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
                 }
                 for (; c + KB <= c1; c += KB) {
                     vec part[KB];
-                    for (int j = 0; j < KB; j++) {
-                        const float *kp = kb + idx[c + j] * J->k_entry;
-                        vec a = v_mul(v_load(qp), v_load(kp));
-                        for (long x = 16; x < d; x += 16) a = v_fma(v_load(qp + x), v_load(kp + x), a);
-                        part[j] = a;
-                    }
+                    for (int j = 0; j < KB; j++) part[j] = dot_lanes(qp, kb + idx[c + j] * J->k_entry, d);
                     hsum_block(part, s + c);
                 }
-                for (; c < c1; c++) s[c] = dot(qp, kb + idx[c] * J->k_entry, d);
+                for (; c < c1; c++) s[c] = v_hsum(dot_lanes(qp, kb + idx[c] * J->k_entry, d));
             }
             cur[r] = c1;
         }
@@ -266,8 +267,7 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
         for (long e0 = lo; e0 < lo + keys; e0 += EB)
             for (long r = 0; r < nr; r++) {
                 const int *idx = S->idx + r * cap;
-                long c0 = cur[r], c1 = c0;
-                while (c1 < cnt[r] && idx[c1] < e0 + EB) c1++;
+                long c0 = cur[r], c1 = block_end(idx, cnt[r], c0, e0 + EB);
                 for (long t = 0; t < g; t++) {
                     const float *e = S->sc + (r * g + t) * stride;
                     float *ap = S->acc + (r * g + t) * dv + x;
