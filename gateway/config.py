@@ -47,6 +47,8 @@ class GatewayConfig:
     max_batch: sequences generating at once (a request with ``n`` choices takes ``n``).
     max_batch_tokens: rows one step may have, prefill chunk included (None: no cap beyond the draft
     budget the drafting policy chooses).
+    prefill_stretch: while sequences decode, a forward carrying a prompt chunk may take about this
+    many times their plain step (``lookupspec.chunk_budget``; 0: whole prefill chunks always).
     request_timeout_s: deadline of one generation request, queueing included.
     drain_timeout_s: on SIGTERM, how long in-flight requests may take before they are cancelled.
     max_model_len: caps the context window below the model's (None: the model's own).
@@ -60,6 +62,7 @@ class GatewayConfig:
     max_queue: int = 64
     max_batch: int = 16
     max_batch_tokens: int | None = None
+    prefill_stretch: float = 2.0
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
     max_model_len: int | None = None
@@ -85,6 +88,8 @@ class GatewayConfig:
         if self.max_batch_tokens is not None and self.max_batch_tokens < self.max_batch:
             raise ValueError(f"max_batch_tokens ({self.max_batch_tokens}) must be >= max_batch "
                              f"({self.max_batch})")
+        if not (self.prefill_stretch == 0 or self.prefill_stretch > 1):
+            raise ValueError(f"prefill_stretch must be 0 (off) or > 1, got {self.prefill_stretch}")
         if not self.request_timeout_s > 0 or not self.drain_timeout_s >= 0:
             raise ValueError("request_timeout_s must be > 0 and drain_timeout_s >= 0")
         if self.max_model_len is not None and self.max_model_len < 2:

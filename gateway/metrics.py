@@ -107,6 +107,9 @@ def _scheduler_metrics(st: Any) -> Iterator[Metric]:
     yield _counter("prefill_tokens", "prompt tokens prefilled", st.prefill_tokens)
     yield _counter("scheduler_shared_forwards", "forwards that ran prompt chunks and a decode step together",
                    st.shared_forwards)
+    yield _gauge("scheduler_prefill_budget_tokens", "prompt tokens the last forward with prompt chunks "
+                 "could carry (--prefill-chunk, or less while sequences decode: --prefill-stretch)",
+                 st.prefill_budget)
     yield _gauge("decode_tokens_per_second", "decode throughput: decode_tokens / decode_seconds",
                  st.decode_tokens / st.decode_s if st.decode_s > 0 else 0.0)
     steps = CounterMetricFamily(_P + "batch_steps", "steps, by batch size", labels=["batch_size"])

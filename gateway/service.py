@@ -152,7 +152,8 @@ class GatewayService:
         self.aggregate = AggregateStats()
         self.started_at = time.time()
         self.scheduler = Scheduler(self.engine, max_batch=config.max_batch,
-                                   max_batch_tokens=config.max_batch_tokens)
+                                   max_batch_tokens=config.max_batch_tokens,
+                                   prefill_stretch=config.prefill_stretch)
         self._lock = threading.Lock()
         self._draining = False
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="output-append")

@@ -117,6 +117,17 @@ class Engine:
             self.prefix_cache = PrefixCache(self.runner.pool, prefill_chunk, prefix_cache_bytes)
 
     @property
+    def free_chunks(self) -> bool:
+        """Whether a prompt may be prefilled in chunks of any size at any offset without changing a
+        token: the forward is chunk-invariant (the runner's probe) and every sliding window is at
+        least a ``prefill_chunk`` long, so a prefix-cache block that took several forwards still holds
+        all its entries when it is kept. Otherwise chunks stay whole, at multiples of
+        ``prefill_chunk``."""
+        windows = [s.window for s in self.runner.layers if s.window is not None]
+        block = self.prefill_chunk or 0
+        return self.runner.chunk_invariant and all(w >= block for w in windows)
+
+    @property
     def lean(self) -> Any:
         """The runner's lean forward, or None when it runs transformers' forward."""
         return self.runner.lean
@@ -260,16 +271,22 @@ class Engine:
 
     def _prefilled(self, seq: SequenceState, start: int, end: int, logits: torch.Tensor) -> StepOutput | None:
         """Book a chunk ``prompt[start:end]`` that has gone through the forward (``logits``: its last
-        row's): keep it in the prefix cache when it is a whole chunk, and choose the first token when
-        the prompt is done."""
+        row's): keep every ``prefill_chunk`` block it completes in the prefix cache (a chunk may be a
+        whole block or, where the scheduler sizes chunks by the load, a part of one or two), and choose
+        the first token when the prompt is done."""
         seq.prefilled = end
-        chunk = self.prefill_chunk
-        if (self.prefix_cache is not None and seq.namespace is not None and chunk is not None
-                and end - start == chunk and start % chunk == 0):  # a whole chunk: keep it for later prompts
-            seq.prefix_block = self.prefix_cache.store(seq.namespace, seq.prefix_block, seq.prompt[start:end],
-                                                       seq.slot, start)
-            if seq.prefix_block is None:
-                seq.namespace = None  # not kept: nothing after it can be either
+        block = self.prefill_chunk
+        if self.prefix_cache is not None and block is not None:
+            for edge in range((start // block + 1) * block, end + 1, block):  # blocks completed by this chunk
+                lo = edge - block
+                if seq.namespace is not None and not (self.free_chunks or (start, end) == (lo, edge)):
+                    seq.namespace = None  # prefilled in other chunks, its bits may differ: not kept
+                if seq.namespace is None:
+                    break  # nothing after a block that is not kept can be
+                seq.prefix_block = self.prefix_cache.store(seq.namespace, seq.prefix_block,
+                                                           seq.prompt[lo:edge], seq.slot, lo)
+                if seq.prefix_block is None:
+                    seq.namespace = None
         if not seq.prefill_done:
             return None
         seq.prefill_logits = logits

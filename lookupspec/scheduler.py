@@ -7,9 +7,13 @@ here; the loop runs them together. Each iteration:
    freed within the iteration);
 2. admits waiting requests, oldest first, while slots allow (``max_batch`` sequences; a request with
    ``n`` choices needs ``n``) and the KV pool can hold them;
-3. chooses up to ``engine.prefill_chunk`` prompt tokens, oldest request first, in chunks at fixed
-   offsets (so a request's tokens do not depend on the load; several short prompts' last chunks can
-   share an iteration);
+3. chooses this iteration's prompt tokens, oldest request first: ``engine.prefill_chunk`` of them,
+   or, while sequences decode and the forward is chunk-invariant (``engine.free_chunks``), as many as
+   keep the forward within ``prefill_stretch`` times the plain step (:mod:`lookupspec.chunk_budget`:
+   shorter gaps for the running streams, a slower prefill). A chunk-invariant forward gives the same
+   tokens in any chunking, so a request's chunks end where the budget does and the next prompt's
+   chunk fills the rest; otherwise chunks stay whole at fixed offsets (several short prompts' last
+   chunks can share an iteration), so a request's tokens do not depend on the load;
 4. runs one engine forward (:meth:`Engine.iterate`) for those chunks and one decode/verify step of
    every running sequence, its rows capped by ``max_batch_tokens`` minus the chunks (the drafting
    policy chooses the draft budget across the batch). Running streams keep stepping while a long
@@ -33,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from lookupspec.chunk_budget import ChunkBudget
 from lookupspec.engine import Engine
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.runtime import PoolFull
@@ -112,6 +117,7 @@ class SchedulerStats:
     prefill_tokens: int = 0
     prefill_chunks: int = 0
     shared_forwards: int = 0  # forwards that ran prompt chunks and a decode step together
+    prefill_budget: int = 0  # prompt tokens the last forward with chunks could carry
     admitted: int = 0
     finished: int = 0
     failed: int = 0
@@ -136,10 +142,12 @@ class Scheduler:
     ``max_batch``: sequences in flight at once (a request's choices count one each).
     ``max_batch_tokens``: rows a step may have, prefill chunk included (None: no cap beyond the
     drafting policy's own choice). ``max_waiting``: requests that may wait for a slot (None: no limit);
-    :meth:`submit` raises :class:`QueueFull` past it."""
+    :meth:`submit` raises :class:`QueueFull` past it. ``prefill_stretch``: while sequences decode, a
+    forward carrying prompt chunks may take about this many times their plain step (see
+    :mod:`lookupspec.chunk_budget`; 0: whole ``prefill_chunk`` chunks always)."""
 
     def __init__(self, engine: Engine, *, max_batch: int = 16, max_batch_tokens: int | None = None,
-                 max_waiting: int | None = None) -> None:
+                 max_waiting: int | None = None, prefill_stretch: float = 2.0) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         chunk = engine.prefill_chunk
@@ -150,6 +158,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_batch_tokens = max_batch_tokens
         self.max_waiting = max_waiting
+        self.budget = None if chunk is None else ChunkBudget(chunk, prefill_stretch)
         self.stats = SchedulerStats()
         self._cond = threading.Condition()
         self._inbox: collections.deque[Request] = collections.deque()
@@ -311,13 +320,26 @@ class Scheduler:
             admitted = True
         return admitted
 
-    def _chunks(self) -> list[tuple[Request, int]]:
-        """This iteration's prompt chunks, oldest request first, up to ``prefill_chunk`` tokens in all
-        (at least one chunk): ``(request, tokens)``. Each request's chunks stay at their fixed offsets:
-        a short prompt's last chunk leaves room for the next request's chunk in the same iteration."""
+    def _chunks(self, live: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
+        """This iteration's prompt chunks, oldest request first (at least one chunk): ``(request,
+        tokens)``. Where chunks are free (module docstring), up to the budget's tokens in all, each
+        request's chunk ending where the budget or its prompt does. Elsewhere up to ``prefill_chunk``
+        tokens, each request's chunks at their fixed offsets: a short prompt's last chunk leaves room
+        for the next request's chunk in the same iteration."""
         chunk = self.engine.prefill_chunk
         out: list[tuple[Request, int]] = []
         done = 0
+        if self.budget is not None and self._prefilling and self.engine.free_chunks:
+            budget = self.budget.tokens(self._plain_step(live))
+            self.stats.prefill_budget = budget
+            for req in self._prefilling:
+                seq = req.seqs[0]
+                size = min(len(seq.prompt) - seq.prefilled, budget - done)
+                if size <= 0:
+                    break
+                done += size
+                out.append((req, size))
+            return out
         for req in self._prefilling:
             seq = req.seqs[0]
             left = len(seq.prompt) - seq.prefilled
@@ -326,13 +348,23 @@ class Scheduler:
                 break
             done += size
             out.append((req, size))
+        if out:
+            self.stats.prefill_budget = chunk or done
         return out
+
+    def _plain_step(self, live: list[tuple[Request, int]]) -> float | None:
+        """The step-cost model's seconds for ``live``'s step with no drafts (None: nothing decodes, or
+        no step was measured yet)."""
+        steps = self.engine.drafting.steps
+        if not live or not steps.known():
+            return None
+        return steps.predict([1] * len(live), [r.seqs[j].cache_len for r, j in live])
 
     def _iterate(self) -> bool:
         """One engine forward: a step for every running sequence and this iteration's prompt chunks."""
         live = [(r, j) for r, j in self._running if r.seqs[j].running]
         self._running = list(live)  # a prompt finished in this forward joins from the next one
-        chunks = self._chunks()
+        chunks = self._chunks(live)
         if not live and not chunks:
             return False
         seqs = [r.seqs[j] for r, j in live]
@@ -354,6 +386,8 @@ class Scheduler:
                 self._observe(live, self._step_alone(live), time.perf_counter() - t0)
             return True
         self.stats.prefill_s += it.seconds - it.decode_s
+        if chunks and self.budget is not None:
+            self.budget.observe(prefilled, it.seconds - it.decode_s, shared=bool(live))
         for (req, _), first, start in zip(chunks, it.prefills, before, strict=True):
             self._prefilled(req, first, start)
         if live:

@@ -40,7 +40,7 @@ def _env(name: str, default: Any, convert: Callable[[str], Any] = str) -> Any:
         return default
     try:
         return convert(raw)
-    except ValueError:
+    except (ValueError, argparse.ArgumentTypeError):
         raise SystemExit(f"error: environment variable {_ENV + name}={raw!r} is not valid") from None
 
 
@@ -56,6 +56,22 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _stretch(text: str) -> float:
+    value = float(text)
+    if not (value == 0 or value > 1):
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or > 1, got {value}")
+    return value
+
+
+def _stretched(te: Any, stretch: float) -> str:
+    """How prompt chunks follow the load, for the start-up line."""
+    if not stretch:
+        return ""
+    if not te.engine.free_chunks:
+        return " (whole: the forward is not chunk-invariant)"
+    return f" (fewer while sequences decode: forwards up to ~{stretch:g}x a plain step)"
 
 
 def _seconds(text: str) -> float:
@@ -110,6 +126,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="prompt tokens prefilled per scheduler iteration, in the same forward as the running streams' "
            "decode step, so they keep stepping while a long prompt is prefilled; smaller chunks shorten the "
            "longest inter-token gaps and slow prefill [env LOOKUPSPEC_PREFILL_CHUNK]")
+    a("--prefill-stretch", type=_stretch, default=_env("PREFILL_STRETCH", 2.0, _stretch),
+      help="while sequences decode, size each forward's prompt chunk so that the forward takes about this "
+           "many times their plain decode step (measured; at most --prefill-chunk tokens, at least 16): "
+           "lower keeps the streams' inter-token gaps even and slows prefill, higher the opposite; "
+           "0 always prefills whole chunks. Needs a chunk-invariant forward (the native CPU attention); "
+           "elsewhere chunks stay whole [env LOOKUPSPEC_PREFILL_STRETCH]")
     a("--prefix-cache-mb", type=_non_negative, default=_env("PREFIX_CACHE_MB", 512, int),
       help="memory for the prefix cache: the KV of recent prompts' whole prefill chunks, reused by prompts "
            "of the same namespace that start alike (a shared system prompt, the same retrieved passages); "
@@ -269,7 +291,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
         config = GatewayConfig(
             model_name=args.served_model_name or te.loaded.name, api_keys=keys, admin_key=args.admin_key,
             max_queue=args.max_queue, max_batch=args.max_batch, max_batch_tokens=args.max_batch_tokens,
-            request_timeout_s=args.request_timeout,
+            prefill_stretch=args.prefill_stretch, request_timeout_s=args.request_timeout,
             drain_timeout_s=max(args.drain_timeout, 0.0), max_model_len=args.max_model_len,
             output_cap_tokens=args.output_cap_tokens, limits=limits)
         service = build_service(te, store, config)
@@ -280,7 +302,8 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
              f"per step, sources {','.join(spec.sources)}, draft model {args.draft_model or 'none'}; "
              f"packed linear {_packed(te) if args.packed_linear else 'off'}, attention {_attention(te)}, "
              f"lean forward {'on' if args.lean_forward else 'off'}; batches of up to {args.max_batch} "
-             f"sequences, prefill chunks of {args.prefill_chunk} tokens, prefix cache "
+             f"sequences, prefill chunks of {args.prefill_chunk} tokens"
+             f"{_stretched(te, args.prefill_stretch)}, prefix cache "
              + (f"{args.prefix_cache_mb} MiB" if args.prefix_cache_mb else "off"))
         replayed = store.start()
         backend = f"redis {args.redis_url}" if args.redis_url else f"embedded {args.data_dir}"

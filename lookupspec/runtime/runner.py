@@ -29,10 +29,16 @@ When a runner is built it checks itself against the model (:meth:`ModelRunner._p
    (MKL's plain float32 ``sgemm`` depends on the row count throughout), ``batch_invariant`` is False:
    batched outputs may then differ from batch-of-one ones at float near-ties, which the benchmarks
    count.
+3. chunk invariance: a prompt prefilled whole and in uneven chunks, then one decode row, must give
+   bit-identical logits. It holds where every op is row-wise invariant and attention computes a row
+   by its position alone (:mod:`.cpu_attention`'s kernel); SDPA's chunk-after-cache path does not.
+   Where it holds (``chunk_invariant``), the scheduler may size prompt chunks by the load without
+   changing a token.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -123,6 +129,7 @@ class ModelRunner:
                              max_positions=self.context_window, max_bytes=kv_cache_bytes)
         self.pad_to = 1
         self.batch_invariant: bool | None = None  # decided by the probe
+        self._chunk_probe = (False, False)  # (chunk-invariant, with the native attention): the probe's
         if check:
             self._probe()
 
@@ -255,6 +262,37 @@ class ModelRunner:
         finally:
             for slot in slots.values():
                 self.free(slot)
+        from . import cpu_attention
+
+        native = self.device.type == "cpu" and cpu_attention.kernel() is not None
+        self._chunk_probe = (bool(self.batch_invariant) and self._chunking_changes_nothing(
+            ids(max(2, min(40, self.context_window - 2))), ids(1)), native)
+
+    @property
+    def chunk_invariant(self) -> bool:
+        """Whether the probe found the forward chunk-invariant (module docstring, check 3), with the
+        attention in force now: a probe passed with the native CPU attention no longer holds once
+        ``LOOKUPSPEC_CPU_ATTENTION=sdpa`` switches it off. False for a runner built unchecked."""
+        from . import cpu_attention
+
+        invariant, native = self._chunk_probe
+        return invariant and (not native or cpu_attention.kernel() is not None)
+
+    def _chunking_changes_nothing(self, prompt: list[int], token: list[int]) -> bool:
+        """Whether ``prompt`` prefilled whole and in three uneven chunks gives the same bits: the last
+        row's logits, and a following decode row's (which read every cached key and value)."""
+        cut = [0, min(5, len(prompt) - 1), min(21, len(prompt) - 1), len(prompt)]
+        results = []
+        for bounds in ([0, len(prompt)], sorted(set(cut))):
+            slot = self.allocate(len(prompt) + 1)
+            try:
+                for lo, hi in itertools.pairwise(bounds):
+                    last = self.prefill(slot, prompt[lo:hi])
+                results.append((last, self.forward([SeqRows(slot, token)])[-1].float()))
+            finally:
+                self.free(slot)
+        (a, b), (c, d) = results
+        return torch.equal(a, c) and torch.equal(b, d)
 
     def _check_against_transformers(self, prompt: list[int], tokens: list[int], parents: list[int]) -> None:
         """The ragged path against transformers' own forward and DynamicCache on one prompt and one

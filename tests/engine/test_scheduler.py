@@ -216,3 +216,51 @@ def test_queue_limit(model) -> None:
         sched.submit(prompt, [(params, Collect())])
     with pytest.raises(ValueError, match="max_batch_tokens"):
         Scheduler(engine, max_batch=8, max_batch_tokens=4)
+
+
+def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
+    """While sequences decode, a chunk-invariant forward takes smaller prompt chunks (the stretch asks
+    for forwards close to a plain step: the 16-token minimum), ending wherever the budget does; with
+    nothing decoding it takes whole chunks. Every request still gets exactly its batch-of-one tokens,
+    and the prefix blocks completed by those chunks are kept and give a later prompt the same tokens."""
+    gen = torch.Generator().manual_seed(9)
+    head = torch.randint(3, 512, (70,), generator=gen).tolist()
+    requests = [(head + torch.randint(3, 512, (n,), generator=gen).tolist(),
+                 GenerationParams(max_tokens=20, sampling=SamplingParams() if n % 2 else
+                                  SamplingParams(temperature=0.8, seed=n), eos_token_ids=(2,)))
+                for n in (9, 41, 23, 60, 5)]
+    engine, truth = _engine(model, requests, prefill_chunk=32, prefix_cache_bytes=32 << 20)
+    if not engine.free_chunks:
+        pytest.skip("the native CPU attention is not available: chunks stay whole")
+    engine.warmup()  # seeds the step-cost model the budget divides
+    sched = Scheduler(engine, max_batch=3, prefill_stretch=1.05)
+    sizes: list[tuple[bool, int, int]] = []  # per forward with chunks: (decoding?, chunk tokens, prompts left)
+    real = engine.iterate
+
+    def iterate(seqs, prefills=(), max_rows=None):
+        if prefills:
+            sizes.append((bool(seqs), sum(n for _, n in prefills),
+                          sum(len(s.prompt) - s.prefilled for s, _ in prefills)))
+        return real(seqs, prefills, max_rows)
+
+    engine.iterate = iterate
+    sinks = [Collect() for _ in requests]
+    for (prompt, params), sink in zip(requests, sinks, strict=True):
+        sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=4), namespace="ns")
+    _drain(sched, sinks)
+    assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
+    assert all(s.error is None for s in sinks)
+    decoding = [n for busy, n, _ in sizes if busy]
+    assert decoding and max(decoding) <= 16 and sched.stats.prefill_budget == 16
+    assert all(n == min(32, left) for busy, n, left in sizes if not busy)  # whole chunks, filled
+    assert engine.prefix_cache.stats.stored > 0 and engine.prefix_cache.stats.hit_tokens > 0
+    assert engine.runner.pool.in_use() == 0
+    # whole chunks when the stretch is 0, and the same tokens again (from the prefix cache's blocks)
+    sched = Scheduler(engine, max_batch=3, prefill_stretch=0)
+    sizes.clear()
+    sinks = [Collect() for _ in requests]
+    for (prompt, params), sink in zip(requests, sinks, strict=True):
+        sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=4), namespace="ns")
+    _drain(sched, sinks)
+    assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
+    assert sizes and all(n == min(32, left) for _, n, left in sizes)

@@ -87,6 +87,7 @@ def test_32_streams_with_cancellations_deadlines_and_bad_requests(server: Gatewa
     name = "lookupspec_scheduler_step_sequences_total"
     seqs = m[name] - before.get(name, 0)
     assert seqs / steps > 3  # sequences really shared steps
+    assert 16 <= m["lookupspec_scheduler_prefill_budget_tokens"] <= 128
     assert any(f'lookupspec_batch_steps_total{{batch_size="{b}"}}' in m for b in (6, 7, 8))
     assert m.get('lookupspec_requests_aborted_total{reason="engine_error"}', 0) == 0
 

@@ -23,14 +23,14 @@ def test_every_setting_comes_from_the_environment_too(monkeypatch: pytest.Monkey
            "LOOKUPSPEC_REDIS_URL": "redis://r:1/0", "LOOKUPSPEC_API_KEYS": "k1:alpha, k2:beta",
            "LOOKUPSPEC_MAX_QUEUE": "3", "LOOKUPSPEC_REQUEST_TIMEOUT": "12.5", "LOOKUPSPEC_DRAIN_TIMEOUT": "4",
            "LOOKUPSPEC_MAX_MODEL_LEN": "512", "LOOKUPSPEC_ADMIN_KEY": "sk-admin",
-           "LOOKUPSPEC_REDIS_OUTPUT_BUFFER_LIMIT": "77"}
+           "LOOKUPSPEC_REDIS_OUTPUT_BUFFER_LIMIT": "77", "LOOKUPSPEC_PREFILL_STRETCH": "3.5"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     args = parse()
     assert (args.model, args.draft_model, args.host, args.port) == ("/models/m", "/models/d", "0.0.0.0", 9001)
     assert (args.data_dir, args.redis_url, args.max_queue) == (tmp_path, "redis://r:1/0", 3)
     assert (args.request_timeout, args.drain_timeout, args.max_model_len) == (12.5, 4.0, 512)
-    assert (args.admin_key, args.redis_output_buffer_limit) == ("sk-admin", 77)
+    assert (args.admin_key, args.redis_output_buffer_limit, args.prefill_stretch) == ("sk-admin", 77, 3.5)
     assert args.api_keys is None and args.env_api_keys == ["k1:alpha", "k2:beta"]
     # flags win over the environment
     args = parse("--max-queue", "7", "--api-key", "k9:gamma")
@@ -64,3 +64,17 @@ def test_a_bad_environment_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("LOOKUPSPEC_MAX_QUEUE", "lots")
     with pytest.raises(SystemExit, match="LOOKUPSPEC_MAX_QUEUE"):
         parse()
+
+
+def test_a_prefill_stretch_is_off_or_above_one(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse("--prefill-stretch", "0").prefill_stretch == 0
+    assert parse().prefill_stretch == 2.0
+    with pytest.raises(SystemExit):
+        parse("--prefill-stretch", "0.5")
+    assert "must be 0 (off) or > 1" in capsys.readouterr().err
+    monkeypatch.setenv("LOOKUPSPEC_PREFILL_STRETCH", "1")
+    with pytest.raises(SystemExit, match="LOOKUPSPEC_PREFILL_STRETCH"):
+        parse()
+    with pytest.raises(ValueError, match="prefill_stretch"):
+        GatewayConfig(model_name="m", prefill_stretch=0.9)

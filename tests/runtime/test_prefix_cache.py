@@ -60,6 +60,38 @@ def test_a_cached_prefix_gives_exactly_the_scratch_prefill(tiny_models, name) ->
     assert st.hits >= 2 and st.hit_tokens >= 96 and st.bytes <= 64 << 20
 
 
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_blocks_prefilled_in_uneven_chunks_are_kept_only_where_the_forward_is_chunk_invariant(
+        tiny_models, name) -> None:
+    """A prompt prefilled in chunks that straddle the block edges (as the scheduler sizes them under
+    load) keeps every block it completes where the engine's chunks are free (a chunk-invariant forward,
+    windows of at least a block), and a later prompt loading them gets exactly the scratch prefill's
+    logits and tokens. Elsewhere (soft-capped attention, windows shorter than a block) nothing is kept."""
+    from lookupspec.models import load_model
+
+    model = load_model(str(tiny_models[name])).model
+    if packing_available():
+        pack_linears(model)
+    cached = Engine(model, prefill_chunk=CHUNK, prefix_cache_bytes=64 << 20)
+    scratch = Engine(model, prefill_chunk=CHUNK)
+    _, (a, b) = _prompts()
+    params = GenerationParams(max_tokens=12)
+    seq = cached.start(a, params, SpecParams(max_draft_tokens=4), namespace="ns")
+    for size in (5, 20, 9, 100):  # edges at 16, 32, 48 fall inside the chunks
+        if cached.prefill(seq, size) is not None:
+            break
+    cached.release(seq)
+    got, got_logits, reused = _run(cached, b, params, "ns")
+    want, want_logits, _ = _run(scratch, b, params, "ns")
+    assert got == want and torch.equal(got_logits, want_logits)
+    if cached.free_chunks:
+        assert cached.prefix_cache.stats.stored >= 3 and reused == 48
+    else:
+        assert reused == 0
+        assert not cached.runner.chunk_invariant or any(s.window and s.window < CHUNK
+                                                        for s in cached.runner.layers)
+
+
 def test_reuse_stays_inside_its_namespace(tiny_models) -> None:
     from lookupspec.models import load_model
 

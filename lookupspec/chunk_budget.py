@@ -1,0 +1,75 @@
+"""How many prompt tokens the scheduler's next forward may carry while other sequences decode.
+
+A prompt chunk rides in the same forward as the running sequences' step (:mod:`lookupspec.scheduler`),
+so every running stream waits for the chunk: with 128-token chunks on a 2-core CPU a decode step of
+~70 ms becomes a forward of ~300 ms, the inter-token gap a stream sees each time another request is
+prefilled. Smaller chunks shorten that gap and slow the prefill (more forwards, each reading the
+weights); whole chunks do the opposite. :class:`ChunkBudget` sizes the chunk so that the forward
+takes about ``stretch`` times the plain decode step it rides on::
+
+    tokens = (stretch - 1) * plain_step_seconds / seconds_per_chunk_token
+
+``plain_step_seconds`` comes from the step-cost model (the batch's step with no drafts);
+``seconds_per_chunk_token`` is measured: what forwards that carried a chunk cost beyond their step's
+own estimate, per chunk token, exponentially averaged. Smaller chunks cost a little more per token
+(the products have fewer rows), which the average follows, so the size settles where the measured
+cost meets the target. The tokens are rounded down to a multiple of 8, kept within
+``[minimum, block]``; with nothing decoding, or before anything was measured, a forward takes a whole
+``block`` (``--prefill-chunk``).
+
+Only a chunk-invariant forward (:attr:`lookupspec.engine.Engine.free_chunks`) lets the chunk size
+follow the load: there a prompt's tokens and its prefix-cache blocks are the same bits in any
+chunking. Elsewhere the scheduler keeps whole chunks at fixed offsets.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ChunkBudget"]
+
+
+class ChunkBudget:
+    """Prompt tokens per forward while sequences decode (see the module docstring). ``stretch``: the
+    forward with a chunk may take this many times the plain step (0: whole blocks always).
+    ``minimum``: the smallest chunk worth a forward's share. ``memory``: the average's weight on the
+    past."""
+
+    def __init__(self, block: int, stretch: float, minimum: int = 16, memory: float = 0.7) -> None:
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        if not (stretch == 0 or stretch > 1):
+            raise ValueError(f"stretch must be 0 (off) or > 1, got {stretch}")
+        self.block = block
+        self.stretch = stretch
+        self.minimum = max(1, min(minimum, block))
+        self.memory = memory
+        self.per_token: float | None = None  # seconds per chunk token in a shared forward
+        self._alone: float | None = None  # the same from forwards with no step (an overestimate)
+        self.last = block  # the last size given (for /metrics)
+
+    def observe(self, tokens: int, seconds: float, shared: bool) -> None:
+        """A forward carried ``tokens`` prompt tokens that cost ``seconds`` beyond its step's estimate
+        (``shared``), or in all (a forward with no step: it also read the weights, so it only seeds)."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = seconds / tokens
+        if not shared:
+            self._alone = self._average(self._alone, rate)
+            return
+        if self.per_token is not None:  # a forward slowed many times by another process says nothing
+            rate = min(rate, 3.0 * self.per_token)
+        self.per_token = self._average(self.per_token, rate)
+
+    def _average(self, old: float | None, new: float) -> float:
+        return new if old is None else self.memory * old + (1 - self.memory) * new
+
+    def tokens(self, plain_step_s: float | None) -> int:
+        """This forward's prompt tokens, for a plain step of ``plain_step_s`` seconds (None: nothing
+        decodes, or the step's cost is unknown: a whole block)."""
+        rate = self.per_token if self.per_token is not None else self._alone
+        if not self.stretch or plain_step_s is None or plain_step_s <= 0 or rate is None:
+            size = self.block
+        else:
+            size = int((self.stretch - 1.0) * plain_step_s / rate) // 8 * 8
+            size = max(self.minimum, min(self.block, size))
+        self.last = size
+        return size

@@ -1,0 +1,46 @@
+"""The prompt-chunk budget: whole blocks until something is measured or while nothing decodes; then
+the tokens that keep a forward near ``stretch`` plain steps, from the measured cost per chunk token,
+within [minimum, block], multiples of 8; an outlier forward moves it only so far."""
+
+from __future__ import annotations
+
+import pytest
+
+from lookupspec.chunk_budget import ChunkBudget
+
+
+def test_whole_blocks_until_a_cost_is_known_and_while_nothing_decodes() -> None:
+    b = ChunkBudget(128, stretch=2.0)
+    assert b.tokens(0.08) == 128  # nothing measured yet
+    b.observe(128, 0.30, shared=False)  # a chunk alone: 2.3 ms a token (with the weights' read)
+    assert b.tokens(None) == 128  # nothing decodes
+    assert b.tokens(0.08) == 32  # (2 - 1) * 80 ms / 2.34 ms = 34 -> 32
+    b.observe(40, 0.06, shared=True)  # what a shared forward's chunk costs beyond its step: 1.5 ms
+    assert b.per_token == pytest.approx(0.0015)
+    assert b.tokens(0.08) == 48  # 53 -> 48
+    assert b.last == 48
+
+
+def test_the_size_stays_within_its_bounds_and_the_stretch_scales_it() -> None:
+    b = ChunkBudget(128, stretch=3.0)
+    b.observe(16, 0.016, shared=True)  # 1 ms a token
+    assert b.tokens(0.02) == 40
+    assert b.tokens(0.001) == 16  # the minimum
+    assert b.tokens(10.0) == 128  # a whole block at most
+    assert ChunkBudget(8, stretch=3.0, minimum=16).minimum == 8
+    off = ChunkBudget(128, stretch=0)
+    off.observe(16, 0.016, shared=True)
+    assert off.tokens(0.02) == 128
+
+
+def test_an_outlier_forward_moves_the_average_only_so_far() -> None:
+    b = ChunkBudget(128, stretch=2.0, memory=0.5)
+    b.observe(32, 0.032, shared=True)
+    b.observe(32, 3.2, shared=True)  # a forward slowed 100x by another process: capped at 3x
+    assert b.per_token == pytest.approx(0.5 * 0.001 + 0.5 * 0.003)
+
+
+@pytest.mark.parametrize("bad", [-1.0, 0.5, 1.0])
+def test_a_stretch_must_be_off_or_above_one(bad) -> None:
+    with pytest.raises(ValueError, match="stretch"):
+        ChunkBudget(128, stretch=bad)
