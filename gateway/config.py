@@ -48,7 +48,7 @@ class GatewayConfig:
     max_batch_tokens: rows one step may have, prefill chunk included (None: no cap beyond the draft
     budget the drafting policy chooses).
     prefill_stretch: while sequences decode, a forward carrying a prompt chunk may take about this
-    many times their plain step (``lookupspec.chunk_budget``; 0: whole prefill chunks always).
+    many times a plain step of the batch (``lookupspec.chunk_budget``; 0: whole prefill chunks always).
     request_timeout_s: deadline of one generation request, queueing included.
     drain_timeout_s: on SIGTERM, how long in-flight requests may take before they are cancelled.
     max_model_len: caps the context window below the model's (None: the model's own).
@@ -62,7 +62,7 @@ class GatewayConfig:
     max_queue: int = 64
     max_batch: int = 16
     max_batch_tokens: int | None = None
-    prefill_stretch: float = 2.0
+    prefill_stretch: float = 2.5
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
     max_model_len: int | None = None

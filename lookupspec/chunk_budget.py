@@ -2,20 +2,22 @@
 
 A prompt chunk rides in the same forward as the running sequences' step (:mod:`lookupspec.scheduler`),
 so every running stream waits for the chunk: with 128-token chunks on a 2-core CPU a decode step of
-~70 ms becomes a forward of ~300 ms, the inter-token gap a stream sees each time another request is
+~60 ms becomes a forward of ~290 ms, the inter-token gap a stream sees each time another request is
 prefilled. Smaller chunks shorten that gap and slow the prefill (more forwards, each reading the
 weights); whole chunks do the opposite. :class:`ChunkBudget` sizes the chunk so that the forward
-takes about ``stretch`` times the plain decode step it rides on::
+takes about ``stretch`` times the plain step of the batch the server is serving::
 
     tokens = (stretch - 1) * plain_step_seconds / seconds_per_chunk_token
 
-``plain_step_seconds`` comes from the step-cost model (the batch's step with no drafts);
+``plain_step_seconds`` comes from the step-cost model: one row for every sequence that holds a slot,
+the ones still being prefilled included. That yardstick follows the load and not the moment: with
+the steps of only the sequences decoding now, a burst of new requests (few decoding, many
+prefilling) would get small chunks exactly when their prefill is most of the work, and their slow
+prefill would keep the batch small (measured: a mean batch of 1.4 of 8, 16-token chunks).
 ``seconds_per_chunk_token`` is measured: what forwards that carried a chunk cost beyond their step's
-own estimate, per chunk token, exponentially averaged. Smaller chunks cost a little more per token
-(the products have fewer rows), which the average follows, so the size settles where the measured
-cost meets the target. The tokens are rounded down to a multiple of 8, kept within
-``[minimum, block]``; with nothing decoding, or before anything was measured, a forward takes a whole
-``block`` (``--prefill-chunk``).
+own estimate, per chunk token, exponentially averaged. The tokens are rounded down to a multiple of
+8, within ``[minimum, block]``; with nothing decoding, or before anything was measured, a forward
+takes a whole ``block`` (``--prefill-chunk``).
 
 Only a chunk-invariant forward (:attr:`lookupspec.engine.Engine.free_chunks`) lets the chunk size
 follow the load: there a prompt's tokens and its prefix-cache blocks are the same bits in any
@@ -64,7 +66,7 @@ class ChunkBudget:
 
     def tokens(self, plain_step_s: float | None) -> int:
         """This forward's prompt tokens, for a plain step of ``plain_step_s`` seconds (None: nothing
-        decodes, or the step's cost is unknown: a whole block)."""
+        decodes, or steps are not measured yet: a whole block)."""
         rate = self.per_token if self.per_token is not None else self._alone
         if not self.stretch or plain_step_s is None or plain_step_s <= 0 or rate is None:
             size = self.block

@@ -8,12 +8,13 @@ here; the loop runs them together. Each iteration:
 2. admits waiting requests, oldest first, while slots allow (``max_batch`` sequences; a request with
    ``n`` choices needs ``n``) and the KV pool can hold them;
 3. chooses this iteration's prompt tokens, oldest request first: ``engine.prefill_chunk`` of them,
-   or, while sequences decode and the forward is chunk-invariant (``engine.free_chunks``), as many as
-   keep the forward within ``prefill_stretch`` times the plain step (:mod:`lookupspec.chunk_budget`:
-   shorter gaps for the running streams, a slower prefill). A chunk-invariant forward gives the same
-   tokens in any chunking, so a request's chunks end where the budget does and the next prompt's
-   chunk fills the rest; otherwise chunks stay whole at fixed offsets (several short prompts' last
-   chunks can share an iteration), so a request's tokens do not depend on the load;
+   or, while sequences decode and the forward is chunk-invariant (``engine.free_chunks``), as many
+   as keep the forward within ``prefill_stretch`` times the plain step of every sequence holding a
+   slot (:mod:`lookupspec.chunk_budget`: shorter gaps for the running streams, a slower prefill). A
+   chunk-invariant forward gives the same tokens in any chunking, so a request's chunks end where the
+   budget does and the next prompt's chunk fills the rest; otherwise chunks stay whole at fixed
+   offsets (several short prompts' last chunks can share an iteration), so a request's tokens do not
+   depend on the load;
 4. runs one engine forward (:meth:`Engine.iterate`) for those chunks and one decode/verify step of
    every running sequence, its rows capped by ``max_batch_tokens`` minus the chunks (the drafting
    policy chooses the draft budget across the batch). Running streams keep stepping while a long
@@ -143,11 +144,11 @@ class Scheduler:
     ``max_batch_tokens``: rows a step may have, prefill chunk included (None: no cap beyond the
     drafting policy's own choice). ``max_waiting``: requests that may wait for a slot (None: no limit);
     :meth:`submit` raises :class:`QueueFull` past it. ``prefill_stretch``: while sequences decode, a
-    forward carrying prompt chunks may take about this many times their plain step (see
+    forward carrying prompt chunks may take about this many times a plain step of the batch (see
     :mod:`lookupspec.chunk_budget`; 0: whole ``prefill_chunk`` chunks always)."""
 
     def __init__(self, engine: Engine, *, max_batch: int = 16, max_batch_tokens: int | None = None,
-                 max_waiting: int | None = None, prefill_stretch: float = 2.0) -> None:
+                 max_waiting: int | None = None, prefill_stretch: float = 2.5) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         chunk = engine.prefill_chunk
@@ -353,12 +354,15 @@ class Scheduler:
         return out
 
     def _plain_step(self, live: list[tuple[Request, int]]) -> float | None:
-        """The step-cost model's seconds for ``live``'s step with no drafts (None: nothing decodes, or
-        no step was measured yet)."""
+        """The step-cost model's seconds for a step with no drafts of every sequence holding a slot
+        (decoding, or prefilling: the batch being served, see :mod:`lookupspec.chunk_budget`); None
+        when nothing decodes or no step was measured yet."""
         steps = self.engine.drafting.steps
         if not live or not steps.known():
             return None
-        return steps.predict([1] * len(live), [r.seqs[j].cache_len for r, j in live])
+        contexts = [r.seqs[j].cache_len for r, j in live]
+        contexts += [len(r.prompt) for r in self._prefilling for _ in range(r.n)]
+        return steps.predict([1] * len(contexts), contexts)
 
     def _iterate(self) -> bool:
         """One engine forward: a step for every running sequence and this iteration's prompt chunks."""

@@ -1,6 +1,6 @@
-"""The prompt-chunk budget: whole blocks until something is measured or while nothing decodes; then
-the tokens that keep a forward near ``stretch`` plain steps, from the measured cost per chunk token,
-within [minimum, block], multiples of 8; an outlier forward moves it only so far."""
+"""The prompt-chunk budget: whole blocks until something is measured and while nothing decodes;
+then the tokens that keep a forward near ``stretch`` plain steps, from the measured cost per chunk
+token, within [minimum, block], multiples of 8; an outlier forward moves it only so far."""
 
 from __future__ import annotations
 

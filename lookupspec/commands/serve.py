@@ -126,12 +126,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="prompt tokens prefilled per scheduler iteration, in the same forward as the running streams' "
            "decode step, so they keep stepping while a long prompt is prefilled; smaller chunks shorten the "
            "longest inter-token gaps and slow prefill [env LOOKUPSPEC_PREFILL_CHUNK]")
-    a("--prefill-stretch", type=_stretch, default=_env("PREFILL_STRETCH", 2.0, _stretch),
+    a("--prefill-stretch", type=_stretch, default=_env("PREFILL_STRETCH", 2.5, _stretch),
       help="while sequences decode, size each forward's prompt chunk so that the forward takes about this "
-           "many times their plain decode step (measured; at most --prefill-chunk tokens, at least 16): "
-           "lower keeps the streams' inter-token gaps even and slows prefill, higher the opposite; "
-           "0 always prefills whole chunks. Needs a chunk-invariant forward (the native CPU attention); "
-           "elsewhere chunks stay whole [env LOOKUPSPEC_PREFILL_STRETCH]")
+           "many times a plain decode step of every sequence holding a slot (measured; at most "
+           "--prefill-chunk tokens, at least 16): lower keeps the streams' inter-token gaps even and slows "
+           "prefill, higher the opposite; 0 always prefills whole chunks. Needs a chunk-invariant forward "
+           "(the native CPU attention); elsewhere chunks stay whole [env LOOKUPSPEC_PREFILL_STRETCH]")
     a("--prefix-cache-mb", type=_non_negative, default=_env("PREFIX_CACHE_MB", 512, int),
       help="memory for the prefix cache: the KV of recent prompts' whole prefill chunks, reused by prompts "
            "of the same namespace that start alike (a shared system prompt, the same retrieved passages); "

@@ -69,7 +69,7 @@ def test_a_bad_environment_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
 def test_a_prefill_stretch_is_off_or_above_one(monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert parse("--prefill-stretch", "0").prefill_stretch == 0
-    assert parse().prefill_stretch == 2.0
+    assert parse().prefill_stretch == 2.5
     with pytest.raises(SystemExit):
         parse("--prefill-stretch", "0.5")
     assert "must be 0 (off) or > 1" in capsys.readouterr().err
