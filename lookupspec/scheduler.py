@@ -331,7 +331,8 @@ class Scheduler:
         out: list[tuple[Request, int]] = []
         done = 0
         if self.budget is not None and self._prefilling and self.engine.free_chunks:
-            budget = self.budget.tokens(self._plain_step(live))
+            slots = len(live) + sum(r.n for r in self._prefilling)
+            budget = self.budget.tokens(self._plain_step(live), slots)
             self.stats.prefill_budget = budget
             for req in self._prefilling:
                 seq = req.seqs[0]
@@ -478,6 +479,9 @@ class Scheduler:
             req.open[j] = False
             self.engine.release(seq)
             self.stats.finished += 1
+        if not req.open[j] and self.budget is not None:
+            prefilled = (len(seq.prompt) - seq.stats.cached_tokens) / req.n  # its share of the prefill
+            self.budget.observe_sequence(prefilled, seq.stats.steps)
         elif (req, j) not in self._running:
             self._running.append((req, j))
         if not req.open[j]:

@@ -33,6 +33,22 @@ def test_the_size_stays_within_its_bounds_and_the_stretch_scales_it() -> None:
     assert off.tokens(0.02) == 128
 
 
+def test_the_prefill_keeps_ahead_of_the_decode() -> None:
+    """Prompts of 720 tokens whose sequences decode in 120 steps, 8 slots: each prompt must be in
+    within 120 / 8 = 15 forwards to keep the slots decoding, 48 tokens a forward, 72 with 1.5x
+    headroom; with speculation (48 steps) whole chunks."""
+    b = ChunkBudget(128, stretch=2.0)
+    b.observe(40, 0.06, shared=True)  # 1.5 ms a token
+    assert b.tokens(0.08, slots=8) == 48  # by the stretch alone
+    b.observe_sequence(720, 120)
+    assert b.tokens(0.08, slots=8) == 72
+    assert b.tokens(0.08, slots=2) == 48  # two slots: the stretch's size is enough
+    b = ChunkBudget(128, stretch=2.0, memory=0.0)
+    b.observe(40, 0.06, shared=True)
+    b.observe_sequence(720, 48)
+    assert b.tokens(0.08, slots=8) == 128
+
+
 def test_an_outlier_forward_moves_the_average_only_so_far() -> None:
     b = ChunkBudget(128, stretch=2.0, memory=0.5)
     b.observe(32, 0.032, shared=True)
