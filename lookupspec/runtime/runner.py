@@ -129,7 +129,7 @@ class ModelRunner:
                              max_positions=self.context_window, max_bytes=kv_cache_bytes)
         self.pad_to = 1
         self.batch_invariant: bool | None = None  # decided by the probe
-        self._chunk_probe = (False, False)  # (chunk-invariant, with the native attention): the probe's
+        self._chunk_probe = (False, False)  # the probe's: (chunk-invariant, found with the native attention)
         if check:
             self._probe()
 

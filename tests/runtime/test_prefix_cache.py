@@ -38,15 +38,19 @@ def _run(engine, prompt, params, namespace):
     return tokens, logits, cached
 
 
-@pytest.mark.parametrize("name", TINY_MODELS)
-def test_a_cached_prefix_gives_exactly_the_scratch_prefill(tiny_models, name) -> None:
+def _engines(path):
+    """An engine with a prefix cache and one without, on the same (packed) tiny model."""
     from lookupspec.models import load_model
 
-    model = load_model(str(tiny_models[name])).model
+    model = load_model(str(path)).model
     if packing_available():
         pack_linears(model)
-    cached = Engine(model, prefill_chunk=CHUNK, prefix_cache_bytes=64 << 20)
-    scratch = Engine(model, prefill_chunk=CHUNK)
+    return Engine(model, prefill_chunk=CHUNK, prefix_cache_bytes=64 << 20), Engine(model, prefill_chunk=CHUNK)
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_a_cached_prefix_gives_exactly_the_scratch_prefill(tiny_models, name) -> None:
+    cached, scratch = _engines(tiny_models[name])
     _, (a, b) = _prompts()
     for sampling in (SamplingParams(), SamplingParams(temperature=0.9, seed=5)):
         params = GenerationParams(max_tokens=24, sampling=sampling)
@@ -67,13 +71,7 @@ def test_blocks_prefilled_in_uneven_chunks_are_kept_only_where_the_forward_is_ch
     load) keeps every block it completes where the engine's chunks are free (a chunk-invariant forward,
     windows of at least a block), and a later prompt loading them gets exactly the scratch prefill's
     logits and tokens. Elsewhere (soft-capped attention, windows shorter than a block) nothing is kept."""
-    from lookupspec.models import load_model
-
-    model = load_model(str(tiny_models[name])).model
-    if packing_available():
-        pack_linears(model)
-    cached = Engine(model, prefill_chunk=CHUNK, prefix_cache_bytes=64 << 20)
-    scratch = Engine(model, prefill_chunk=CHUNK)
+    cached, scratch = _engines(tiny_models[name])
     _, (a, b) = _prompts()
     params = GenerationParams(max_tokens=12)
     seq = cached.start(a, params, SpecParams(max_draft_tokens=4), namespace="ns")
