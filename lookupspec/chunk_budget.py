@@ -62,7 +62,6 @@ class ChunkBudget:
         self.steps: float | None = None  # decode steps a finished sequence took
         self.per_token: float | None = None  # seconds per chunk token in a shared forward
         self._alone: float | None = None  # the same from forwards with no step (an overestimate)
-        self.last = block  # the last size given (for /metrics)
 
     def observe(self, tokens: int, seconds: float, shared: bool) -> None:
         """A forward carried ``tokens`` prompt tokens that cost ``seconds`` beyond its step's estimate
@@ -99,5 +98,4 @@ class ChunkBudget:
             if self.prompt_tokens is not None and self.steps:  # prefill keeps ahead of the decode
                 size = max(size, math.ceil(self.headroom * self.prompt_tokens * slots / self.steps / 8) * 8)
             size = max(self.minimum, min(self.block, size))
-        self.last = size
         return size

@@ -479,13 +479,13 @@ class Scheduler:
             req.open[j] = False
             self.engine.release(seq)
             self.stats.finished += 1
-        if not req.open[j] and self.budget is not None:
-            prefilled = (len(seq.prompt) - seq.stats.cached_tokens) / req.n  # its share of the prefill
-            self.budget.observe_sequence(prefilled, seq.stats.steps)
         elif (req, j) not in self._running:
             self._running.append((req, j))
         if not req.open[j]:
             self._running = [(r, k) for r, k in self._running if not (r is req and k == j)]
+            if self.budget is not None:
+                prefilled = (len(seq.prompt) - seq.stats.cached_tokens) / req.n  # its share of the prefill
+                self.budget.observe_sequence(prefilled, seq.stats.steps)
 
     def _end_choice(self, req: Request, j: int, error: BaseException) -> None:
         if j < len(req.seqs):

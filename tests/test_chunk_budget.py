@@ -18,7 +18,6 @@ def test_whole_blocks_until_a_cost_is_known_and_while_nothing_decodes() -> None:
     b.observe(40, 0.06, shared=True)  # what a shared forward's chunk costs beyond its step: 1.5 ms
     assert b.per_token == pytest.approx(0.0015)
     assert b.tokens(0.08) == 48  # 53 -> 48
-    assert b.last == 48
 
 
 def test_the_size_stays_within_its_bounds_and_the_stretch_scales_it() -> None:
