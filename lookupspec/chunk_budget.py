@@ -25,9 +25,13 @@ speculation a sequence needs fewer steps (128 tokens in ~50 instead of 128), and
 keeps its chunks whole: without it, 8 speculating streams of 726-token prompts ran at a mean batch
 of 3.4 of 8 (TTFT p50 8.4x one stream's).
 
-The tokens are rounded to a multiple of 8 (the stretch's down, the floor's up), within ``[minimum,
-block]``; with nothing decoding, or before anything was measured, a forward takes a whole ``block``
-(``--prefill-chunk``).
+The stretch's tokens stay within ``[minimum, block]`` (``block``: ``--prefill-chunk``). The floor may
+pass the block, up to a ``ceiling`` (the scheduler's: two blocks, within ``--max-batch-tokens``): with
+speculation a sequence decodes 128 tokens in ~57 steps, so 8 slots of 726-token prompts need ~100
+prompt tokens a forward, 150 with the headroom, and whole blocks of 128 kept 2 of the 8 slots in
+prefill on average (a 2-core EPYC, measured). Sizes are rounded to a multiple of 8 (the stretch's
+down, the floor's up). With nothing decoding no stream waits for the forward, so it takes the
+``ceiling``; before anything was measured, a whole ``block``.
 
 Only a chunk-invariant forward (:attr:`lookupspec.engine.Engine.free_chunks`) lets the chunk size
 follow the load: there a prompt's tokens and its prefix-cache blocks are the same bits in any
@@ -45,10 +49,11 @@ class ChunkBudget:
     """Prompt tokens per forward while sequences decode (see the module docstring). ``stretch``: the
     forward with a chunk may take this many times the plain step (0: whole blocks always).
     ``minimum``: the smallest chunk worth a forward's share. ``memory``: the average's weight on the
-    past."""
+    past. ``ceiling``: the most tokens a forward may carry when the floor asks for more than a block
+    or nothing decodes (default: the block)."""
 
     def __init__(self, block: int, stretch: float, minimum: int = 16, memory: float = 0.7,
-                 headroom: float = 1.5) -> None:
+                 headroom: float = 1.5, ceiling: int | None = None) -> None:
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
         if not (stretch == 0 or stretch > 1):
@@ -56,6 +61,7 @@ class ChunkBudget:
         self.block = block
         self.stretch = stretch
         self.minimum = max(1, min(minimum, block))
+        self.ceiling = block if ceiling is None else max(block, ceiling)
         self.memory = memory
         self.headroom = headroom
         self.prompt_tokens: float | None = None  # prompt tokens a finished sequence had prefilled
@@ -87,15 +93,20 @@ class ChunkBudget:
         return new if old is None else self.memory * old + (1 - self.memory) * new
 
     def tokens(self, plain_step_s: float | None, slots: int = 1) -> int:
-        """This forward's prompt tokens, for a plain step of ``plain_step_s`` seconds (None: nothing
-        decodes, or steps are not measured yet: a whole block) with ``slots`` sequences holding slots
+        """This forward's prompt tokens while sequences decode, for a plain step of ``plain_step_s``
+        seconds (None: not measured yet, a whole block) with ``slots`` sequences holding slots
         (the floor that keeps prefill ahead of the decode, see the module docstring)."""
         rate = self.per_token if self.per_token is not None else self._alone
         if not self.stretch or plain_step_s is None or plain_step_s <= 0 or rate is None:
-            size = self.block
-        else:
-            size = int((self.stretch - 1.0) * plain_step_s / rate) // 8 * 8
-            if self.prompt_tokens is not None and self.steps:  # prefill keeps ahead of the decode
-                size = max(size, math.ceil(self.headroom * self.prompt_tokens * slots / self.steps / 8) * 8)
-            size = max(self.minimum, min(self.block, size))
+            return self.block
+        size = int((self.stretch - 1.0) * plain_step_s / rate) // 8 * 8
+        size = max(self.minimum, min(self.block, size))
+        if self.prompt_tokens is not None and self.steps:  # prefill keeps ahead of the decode
+            floor = math.ceil(self.headroom * self.prompt_tokens * slots / self.steps / 8) * 8
+            size = max(size, min(self.ceiling, floor))
         return size
+
+    def idle(self) -> int:
+        """A forward's prompt tokens while nothing decodes: nobody waits for it, so the ceiling (a
+        block with the stretch off)."""
+        return self.ceiling if self.stretch else self.block

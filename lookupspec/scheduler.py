@@ -159,7 +159,9 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_batch_tokens = max_batch_tokens
         self.max_waiting = max_waiting
-        self.budget = None if chunk is None else ChunkBudget(chunk, prefill_stretch)
+        self.budget = None
+        if chunk is not None:
+            self.budget = ChunkBudget(chunk, prefill_stretch, ceiling=self._ceiling(chunk))
         self.stats = SchedulerStats()
         self._cond = threading.Condition()
         self._inbox: collections.deque[Request] = collections.deque()
@@ -169,6 +171,15 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.error: BaseException | None = None  # what killed the loop thread, if anything
+
+    def _ceiling(self, chunk: int) -> int:
+        """The most prompt tokens a forward may carry where chunks are free: two blocks (when the
+        prefill must catch up with the decode, or nothing decodes), leaving a row for every slot
+        within ``max_batch_tokens``."""
+        ceiling = 2 * chunk
+        if self.max_batch_tokens is not None:
+            ceiling = min(ceiling, self.max_batch_tokens - self.max_batch)
+        return max(chunk, ceiling)
 
     # ---- submission (any thread) ------------------------------------------------------------------
 
@@ -332,7 +343,7 @@ class Scheduler:
         done = 0
         if self.budget is not None and self._prefilling and self.engine.free_chunks:
             slots = len(live) + sum(r.n for r in self._prefilling)
-            budget = self.budget.tokens(self._plain_step(live), slots)
+            budget = self.budget.tokens(self._plain_step(live), slots) if live else self.budget.idle()
             self.stats.prefill_budget = budget
             for req in self._prefilling:
                 seq = req.seqs[0]
@@ -357,9 +368,9 @@ class Scheduler:
     def _plain_step(self, live: list[tuple[Request, int]]) -> float | None:
         """The step-cost model's seconds for a step with no drafts of every sequence holding a slot
         (decoding, or prefilling: the batch being served, see :mod:`lookupspec.chunk_budget`); None
-        when nothing decodes or no step was measured yet."""
+        before a step was measured."""
         steps = self.engine.drafting.steps
-        if not live or not steps.known():
+        if not steps.known():
             return None
         contexts = [r.seqs[j].cache_len for r, j in live]
         contexts += [len(r.prompt) for r in self._prefilling for _ in range(r.n)]

@@ -1,6 +1,7 @@
-"""The prompt-chunk budget: whole blocks until something is measured and while nothing decodes;
+"""The prompt-chunk budget: whole blocks until something is measured, the ceiling while nothing decodes;
 then the tokens that keep a forward near ``stretch`` plain steps, from the measured cost per chunk
-token, within [minimum, block], multiples of 8; an outlier forward moves it only so far."""
+token, within [minimum, block] (the floor up to the ceiling), multiples of 8; an outlier forward
+moves it only so far."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ def test_whole_blocks_until_a_cost_is_known_and_while_nothing_decodes() -> None:
     b = ChunkBudget(128, stretch=2.0)
     assert b.tokens(0.08) == 128  # nothing measured yet
     b.observe(128, 0.30, shared=False)  # a chunk alone: 2.3 ms a token (with the weights' read)
-    assert b.tokens(None) == 128  # nothing decodes
+    assert b.tokens(None) == 128  # no step measured yet
     assert b.tokens(0.08) == 32  # (2 - 1) * 80 ms / 2.34 ms = 34 -> 32
     b.observe(40, 0.06, shared=True)  # what a shared forward's chunk costs beyond its step: 1.5 ms
     assert b.per_token == pytest.approx(0.0015)
@@ -59,3 +60,19 @@ def test_an_outlier_forward_moves_the_average_only_so_far() -> None:
 def test_a_stretch_must_be_off_or_above_one(bad) -> None:
     with pytest.raises(ValueError, match="stretch"):
         ChunkBudget(128, stretch=bad)
+
+
+def test_the_floor_may_pass_the_block_up_to_the_ceiling_and_an_idle_forward_takes_the_ceiling() -> None:
+    """Speculating sequences decode in ~56 steps: 8 slots of 720-token prompts need 103 tokens a
+    forward, 155 with the headroom (160): past the block, within the ceiling; at 16 slots the
+    ceiling caps it. The stretch's own size never passes the block."""
+    b = ChunkBudget(128, stretch=2.0, memory=0.0, ceiling=256)
+    b.observe(40, 0.06, shared=True)  # 1.5 ms a token
+    b.observe_sequence(720, 56)
+    assert b.tokens(0.08, slots=8) == 160
+    assert b.tokens(0.08, slots=16) == 256
+    assert b.tokens(10.0, slots=1) == 128  # the stretch alone: a block at most
+    assert b.idle() == 256
+    assert ChunkBudget(128, stretch=0, ceiling=256).idle() == 128  # stretch off: whole blocks always
+    assert ChunkBudget(128, stretch=2.0, ceiling=64).ceiling == 128  # never below the block
+    assert ChunkBudget(128, stretch=2.0).idle() == 128

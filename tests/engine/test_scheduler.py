@@ -118,7 +118,7 @@ def test_n_choices_share_one_prefill(model) -> None:
     _drain(sched, sinks)
     assert [s.tokens for s in sinks] == alone
     assert len({tuple(s.tokens) for s in sinks}) > 1  # the seeds differ
-    assert sched.stats.prefill_chunks == -(-len(prompt) // 8)  # the prompt was prefilled once
+    assert sched.stats.prefill_tokens == len(prompt)  # the prompt was prefilled once
 
 
 def test_cancel_deadline_stop_and_failure_end_only_their_own_request(model) -> None:
@@ -216,6 +216,12 @@ def test_queue_limit(model) -> None:
         sched.submit(prompt, [(params, Collect())])
     with pytest.raises(ValueError, match="max_batch_tokens"):
         Scheduler(engine, max_batch=8, max_batch_tokens=4)
+    # the chunk ceiling: two blocks, leaving a row per slot within max_batch_tokens, never below a block
+    chunk = 32
+    engine, _ = _engine(model, [], prefill_chunk=chunk)
+    assert Scheduler(engine, max_batch=8).budget.ceiling == 2 * chunk
+    assert Scheduler(engine, max_batch=8, max_batch_tokens=8 + chunk + 10).budget.ceiling == chunk + 10
+    assert Scheduler(engine, max_batch=8, max_batch_tokens=8 + chunk).budget.ceiling == chunk
 
 
 def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
@@ -255,10 +261,23 @@ def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
     assert all(s.error is None for s in sinks)
     shrunk = [n for small, n, _ in sizes if small]
     assert shrunk and max(shrunk) <= 16
-    assert all(n == min(32, left) for small, n, left in sizes if not small)  # whole chunks, filled
-    assert any(n == 32 for small, n, _ in sizes if not small)
+    assert all(n == min(64, left) for small, n, left in sizes if not small)  # the ceiling, filled
+    assert any(n == 64 for small, n, _ in sizes if not small)
     assert engine.prefix_cache.stats.stored > 0 and engine.prefix_cache.stats.hit_tokens > 0
     assert engine.runner.pool.in_use() == 0
+    # a prefill falling behind the decode (a floor of 100x the pace) takes chunks past the block, up
+    # to the ceiling, while sequences decode; the same tokens, with no prefix cache to lean on
+    engine.prefix_cache.clear()
+    sched = Scheduler(engine, max_batch=3, prefill_stretch=1.05)
+    sched.budget.headroom = 100.0
+    sizes.clear()
+    sinks = [Collect() for _ in requests]
+    for (prompt, params), sink in zip(requests, sinks, strict=True):
+        sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=4), namespace="ns")
+    _drain(sched, sinks)
+    assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
+    assert any(small and n > 32 for small, n, _ in sizes)  # past the block while decoding
+    assert all(n <= 64 for _, n, _ in sizes)
     # whole chunks when the stretch is 0, and the same tokens again (from the prefix cache's blocks)
     sched = Scheduler(engine, max_batch=3, prefill_stretch=0)
     sizes.clear()
