@@ -134,6 +134,39 @@ def test_memory_stays_within_the_budget_least_recently_used_leaves_first() -> No
     assert cache.lookup("ns", [1] * 8 + [0]) and cache.stats.blocks == 5
 
 
+def test_an_evicted_block_lends_its_buffers_to_the_next_chunk_stored() -> None:
+    """A full cache stores a chunk per eviction: the chunk goes into the evicted block's buffers (no
+    fresh memory to fault in), holds its own entries, and loads them back."""
+    pool = _pool()
+    per_block = 2 * 2 * 1 * 8 * 4 * 4
+    cache = PrefixCache(pool, chunk=8, max_bytes=2 * per_block)
+    slot = pool.allocate(64)
+    blocks, pointers = [], []
+    for value in (1.0, 2.0, 3.0):
+        pool.truncate(slot, 0)
+        _fill(pool, slot, 8, value)
+        blocks.append(cache.store("ns", None, [int(value)] * 8, slot, 0))
+        pointers.append({t.data_ptr() for g in blocks[-1].data for t in g})
+    first, third = blocks[0], blocks[2]
+    assert cache.stats.evicted == 1 and first.data == []  # out of the cache, its buffers lent
+    assert pointers[2] == pointers[0] and pointers[1].isdisjoint(pointers[0])
+    assert cache.lookup("ns", [1] * 9) == [] and cache.lookup("ns", [3] * 9) == [third]
+    pool.truncate(slot, 0)
+    _fill(pool, slot, 8, 4.0)  # the slot's entries change; the block keeps its copy
+    other = pool.allocate(64)
+    assert cache.load(other, [third]) == 8
+    for g in pool.groups:
+        for t in g.tensors:
+            assert torch.equal(t[:, other, :, :8], torch.full_like(t[:, other, :, :8], 3.0))
+    # the next eviction lends the oldest block's buffers again; a clear() keeps none
+    pool.truncate(slot, 0)
+    _fill(pool, slot, 8, 5.0)
+    fifth = cache.store("ns", None, [5] * 8, slot, 0)
+    assert {t.data_ptr() for g in fifth.data for t in g} == pointers[1]  # the second block's
+    cache.clear()
+    assert cache._spare == [] and cache.stats.bytes == 0
+
+
 def test_a_lookup_probes_one_entry_per_chunk_whatever_the_cache_holds() -> None:
     pool = _pool()
     cache = PrefixCache(pool, chunk=8, max_bytes=1 << 30)
