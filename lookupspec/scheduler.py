@@ -10,7 +10,8 @@ here; the loop runs them together. Each iteration:
 3. chooses this iteration's prompt tokens, oldest request first: ``engine.prefill_chunk`` of them,
    or, while sequences decode and the forward is chunk-invariant (``engine.free_chunks``), as many
    as keep the forward within ``prefill_stretch`` times the plain step of every sequence holding a
-   slot (:mod:`lookupspec.chunk_budget`: shorter gaps for the running streams, a slower prefill). A
+   slot (:mod:`lookupspec.chunk_budget`: shorter gaps for the running streams, a slower prefill; up
+   to two chunks' worth when the prefill falls behind the decode, or with nothing decoding). A
    chunk-invariant forward gives the same tokens in any chunking, so a request's chunks end where the
    budget does and the next prompt's chunk fills the rest; otherwise chunks stay whole at fixed
    offsets (several short prompts' last chunks can share an iteration), so a request's tokens do not

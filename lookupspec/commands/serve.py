@@ -128,10 +128,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
            "longest inter-token gaps and slow prefill [env LOOKUPSPEC_PREFILL_CHUNK]")
     a("--prefill-stretch", type=_stretch, default=_env("PREFILL_STRETCH", 2.5, _stretch),
       help="while sequences decode, size each forward's prompt chunk so that the forward takes about this "
-           "many times a plain decode step of every sequence holding a slot (measured; at most "
-           "--prefill-chunk tokens, at least 16): lower keeps the streams' inter-token gaps even and slows "
-           "prefill, higher the opposite; 0 always prefills whole chunks. Needs a chunk-invariant forward "
-           "(the native CPU attention); elsewhere chunks stay whole [env LOOKUPSPEC_PREFILL_STRETCH]")
+           "many times a plain decode step of every sequence holding a slot (measured; at least 16 tokens, "
+           "at most --prefill-chunk, or two chunks when the prefill falls behind the decode): lower keeps "
+           "the streams' inter-token gaps even and slows prefill, higher the opposite; 0 always prefills "
+           "whole chunks. Needs a chunk-invariant forward (the native CPU attention); elsewhere chunks stay "
+           "whole [env LOOKUPSPEC_PREFILL_STRETCH]")
     a("--prefix-cache-mb", type=_non_negative, default=_env("PREFIX_CACHE_MB", 512, int),
       help="memory for the prefix cache: the KV of recent prompts' whole prefill chunks, reused by prompts "
            "of the same namespace that start alike (a shared system prompt, the same retrieved passages); "
