@@ -274,9 +274,10 @@ def test_a_sweep_against_another_server_sends_no_lookup_field_and_reads_no_metri
         return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
 
     target = Target("http://other", "m", False)
-    settings = LoadSettings(levels=(1, 2), modes=("server",), max_tokens=8, warmup=1)
+    settings = LoadSettings(levels=(1, 2), modes=("server",), max_tokens=20, warmup=1)
     passes = asyncio.run(sweep(target, settings, PROMPTS, transport=httpx.MockTransport(handler)))
     assert len(seen) == 1 + 3 + 3 and all("lookup" not in b for b in seen)
+    assert all(b["max_tokens"] == 20 for b in seen)  # the warm-up as long as the measured requests
     assert [(p["level"], p["mode"]) for p in passes] == [(1, "server"), (2, "server")]
     count_differences(passes, 1)
     s = passes[1]["summary"]

@@ -119,7 +119,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="lookup sources when speculation is on; `all`: the server's default, which includes the "
            "shared output cache, where a prompt's earlier answer makes later levels' drafts perfect")
     a("--warmup", type=non_negative_int, default=2,
-      help="uncounted requests per mode before the sweep (sent at once)")
+      help="uncounted requests per mode before the sweep (sent at once, with --max-tokens)")
     a("--extra-body", type=_json_object, default={},
       help='JSON merged into every request, e.g. \'{"cache_prompt": false}\' for llama-server')
     a("--tokenizer", default=None, help="tokenizer that counts each event's tokens for the ITL rule "

@@ -28,7 +28,6 @@ __all__ = ["LoadSettings", "Target", "closed_loop", "level_requests", "parse_met
 
 T = TypeVar("T")
 R = TypeVar("R")
-WARMUP_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -181,8 +180,9 @@ async def sweep(target: Target, settings: LoadSettings, prompts: Sequence[BenchP
                                  transport=transport) as http:
         for mode in settings.modes:
             warm = level_requests(prompts, settings.warmup, settings.warmup)[: settings.warmup]
-            bodies = [request_body(target, settings, p, mode, min(WARMUP_MAX_TOKENS, settings.max_tokens))
-                      for p in warm]
+            # as long as the measured requests: the server's averages (the step-cost model, the chunk
+            # budget's steps per sequence) then start from requests like them, not from short ones
+            bodies = [request_body(target, settings, p, mode) for p in warm]
             for r in await asyncio.gather(*(_send(http, b) for b in bodies)):
                 if r.error is not None:
                     raise RuntimeError(f"warm-up request failed ({mode_label(mode)}): {r.error}")
