@@ -13,6 +13,9 @@
      m = max(s);  e[c] = exp(s[c] - m)   (a fixed polynomial);
      sum = the lanes of e summed by c mod 16, then the same tree;
      out = (sum over c of e[c] * v_c, in order of c) * (1 / sum).
+   (With AVX-512 the weighted sums of three query heads run together, each value loaded once for the
+   three: 1.2x the whole kernel for a 128-row chunk at 600 cached positions on a Zen 5 EPYC; every
+   head's sum is still the same operations in the same order.)
    c counts the visible keys from the row's first visible position, so a row's arithmetic depends
    only on its own position and its sequence's keys: not on the other rows of its forward, on the
    chunk or draft tree it came in, on the batch or on the thread count. That makes a prefill chunk
@@ -268,7 +271,30 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
             for (long r = 0; r < nr; r++) {
                 const int *idx = S->idx + r * cap;
                 long c0 = cur[r], c1 = block_end(idx, cnt[r], c0, e0 + EB);
-                for (long t = 0; t < g; t++) {
+                long t = 0;
+#if LSA_ISA == 512
+                /* three query heads at a time: each value is loaded once for the three (12 accumulators
+                   in registers); every head still sums its values in order of the entries */
+                for (; w == 4 && t + 3 <= g; t += 3) {
+                    const float *e0 = S->sc + (r * g + t) * stride, *e1 = e0 + stride, *e2 = e1 + stride;
+                    float *p0 = S->acc + (r * g + t) * dv + x, *p1 = p0 + dv, *p2 = p1 + dv;
+                    vec a00 = v_load(p0), a01 = v_load(p0 + 16), a02 = v_load(p0 + 32), a03 = v_load(p0 + 48);
+                    vec a10 = v_load(p1), a11 = v_load(p1 + 16), a12 = v_load(p1 + 32), a13 = v_load(p1 + 48);
+                    vec a20 = v_load(p2), a21 = v_load(p2 + 16), a22 = v_load(p2 + 32), a23 = v_load(p2 + 48);
+                    for (long c = c0; c < c1; c++) {
+                        const float *vp = vb + idx[c] * J->v_entry + x;
+                        vec v0 = v_load(vp), v1 = v_load(vp + 16), v2 = v_load(vp + 32), v3 = v_load(vp + 48);
+                        vec f0 = v_set(e0[c]), f1 = v_set(e1[c]), f2 = v_set(e2[c]);
+                        a00 = v_fma(f0, v0, a00); a01 = v_fma(f0, v1, a01); a02 = v_fma(f0, v2, a02); a03 = v_fma(f0, v3, a03);
+                        a10 = v_fma(f1, v0, a10); a11 = v_fma(f1, v1, a11); a12 = v_fma(f1, v2, a12); a13 = v_fma(f1, v3, a13);
+                        a20 = v_fma(f2, v0, a20); a21 = v_fma(f2, v1, a21); a22 = v_fma(f2, v2, a22); a23 = v_fma(f2, v3, a23);
+                    }
+                    v_store(p0, a00); v_store(p0 + 16, a01); v_store(p0 + 32, a02); v_store(p0 + 48, a03);
+                    v_store(p1, a10); v_store(p1 + 16, a11); v_store(p1 + 32, a12); v_store(p1 + 48, a13);
+                    v_store(p2, a20); v_store(p2 + 16, a21); v_store(p2 + 32, a22); v_store(p2 + 48, a23);
+                }
+#endif
+                for (; t < g; t++) {
                     const float *e = S->sc + (r * g + t) * stride;
                     float *ap = S->acc + (r * g + t) * dv + x;
                     if (w == 4) {
