@@ -227,9 +227,10 @@ def test_queue_limit(model) -> None:
 def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
     """While sequences decode, a chunk-invariant forward takes smaller prompt chunks (the stretch asks
     for forwards close to a plain step: the 16-token minimum), ending wherever the budget does; with
-    nothing decoding it takes whole chunks, filled from the next prompt. Every request still gets
-    exactly its batch-of-one tokens, and the prefix blocks completed by those chunks are kept and give
-    a later prompt the same tokens."""
+    nothing decoding it takes the ceiling (two chunks), filled from the next prompt; a prefill behind
+    the decode takes chunks past the block while sequences decode. Every request still gets exactly
+    its batch-of-one tokens, and the prefix blocks completed by those chunks are kept and give a later
+    prompt the same tokens."""
     gen = torch.Generator().manual_seed(9)
     head = torch.randint(3, 512, (70,), generator=gen).tolist()
     requests = [(head + torch.randint(3, 512, (n,), generator=gen).tolist(),
@@ -253,12 +254,18 @@ def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
         return real(seqs, prefills, max_rows)
 
     engine.iterate = iterate
-    sinks = [Collect() for _ in requests]
-    for (prompt, params), sink in zip(requests, sinks, strict=True):
-        sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=4), namespace="ns")
-    _drain(sched, sinks)
-    assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
-    assert all(s.error is None for s in sinks)
+
+    def serve(sched):
+        """Every request through ``sched``: each must get its batch-of-one tokens."""
+        sizes.clear()
+        sinks = [Collect() for _ in requests]
+        for (prompt, params), sink in zip(requests, sinks, strict=True):
+            sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=4), namespace="ns")
+        _drain(sched, sinks)
+        assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
+        assert all(s.error is None for s in sinks)
+
+    serve(sched)
     shrunk = [n for small, n, _ in sizes if small]
     assert shrunk and max(shrunk) <= 16
     assert all(n == min(64, left) for small, n, left in sizes if not small)  # the ceiling, filled
@@ -270,20 +277,9 @@ def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
     engine.prefix_cache.clear()
     sched = Scheduler(engine, max_batch=3, prefill_stretch=1.05)
     sched.budget.headroom = 100.0
-    sizes.clear()
-    sinks = [Collect() for _ in requests]
-    for (prompt, params), sink in zip(requests, sinks, strict=True):
-        sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=4), namespace="ns")
-    _drain(sched, sinks)
-    assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
+    serve(sched)
     assert any(small and n > 32 for small, n, _ in sizes)  # past the block while decoding
     assert all(n <= 64 for _, n, _ in sizes)
     # whole chunks when the stretch is 0, and the same tokens again (from the prefix cache's blocks)
-    sched = Scheduler(engine, max_batch=3, prefill_stretch=0)
-    sizes.clear()
-    sinks = [Collect() for _ in requests]
-    for (prompt, params), sink in zip(requests, sinks, strict=True):
-        sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=4), namespace="ns")
-    _drain(sched, sinks)
-    assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
+    serve(Scheduler(engine, max_batch=3, prefill_stretch=0))
     assert sizes and all(n == min(32, left) for _, n, left in sizes)
