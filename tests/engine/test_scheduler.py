@@ -216,7 +216,9 @@ def test_queue_limit(model) -> None:
         sched.submit(prompt, [(params, Collect())])
     with pytest.raises(ValueError, match="max_batch_tokens"):
         Scheduler(engine, max_batch=8, max_batch_tokens=4)
-    # the chunk ceiling: two blocks, leaving a row per slot within max_batch_tokens, never below a block
+
+
+def test_the_chunk_ceiling_is_two_blocks_leaving_a_row_per_slot_and_never_below_a_block(model) -> None:
     chunk = 32
     engine, _ = _engine(model, [], prefill_chunk=chunk)
     assert Scheduler(engine, max_batch=8).budget.ceiling == 2 * chunk
