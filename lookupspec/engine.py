@@ -246,7 +246,7 @@ class Engine:
             if not s.running:
                 raise ValueError("step() takes sequences that are prefilled and not finished")
             s.prefill_logits = None  # forks happen before a sequence's first step
-        drafts, run, outputs = self._choose(seqs, max_rows) if seqs else ([], [], {})
+        drafts, run, outputs = self._choose(seqs, max_rows, bool(prefills)) if seqs else ([], [], {})
         pre_out: dict[int, StepOutput | None] = {}
         chunks: list[tuple[int, SequenceState, int, int]] = []  # (index in prefills, seq, start, end)
         for j, (s, max_tokens) in enumerate(prefills):
@@ -310,14 +310,15 @@ class Engine:
             self._finish(seq, reason)
         return StepOutput(tuple(kept), reason, drafted, accepted, seq.stats)
 
-    def _choose(self, seqs: Sequence[SequenceState],
-                max_rows: int | None) -> tuple[list[Draft], list[int], dict[int, StepOutput]]:
-        """Every sequence's draft and room for its rows. Returns the drafts, the indices of the
-        sequences that take part in the forward, and the outputs of those that ended instead (no room)."""
+    def _choose(self, seqs: Sequence[SequenceState], max_rows: int | None,
+                shared: bool = False) -> tuple[list[Draft], list[int], dict[int, StepOutput]]:
+        """Every sequence's draft and room for its rows (``shared``: the forward carries prompt
+        chunks too). Returns the drafts, the indices of the sequences that take part in the forward,
+        and the outputs of those that ended instead (no room)."""
         rooms = [max(0, min(s.params.max_tokens - s.generated - 1, self.context_window - s.cache_len - 2,
                             s.max_draft)) for s in seqs]
         chosen = self.drafting.choose_batch([s.draft_inputs() for s in seqs], rooms,
-                                            [s.cache_len for s in seqs], max_rows)
+                                            [s.cache_len for s in seqs], max_rows, shared)
         drafts: list[Draft] = []
         outputs: dict[int, StepOutput] = {}
         run: list[int] = []
@@ -393,6 +394,8 @@ class Engine:
             alone = (steps.predict(step_rows, contexts) if steps.known()
                      else seconds * n_step / batch.real_rows)
             decode_s = min(seconds, alone)
+            if steps.known():  # what the chunk's rows cost beyond the step: a draft row's price here
+                steps.observe_chunk(sum(end - start for _, _, start, end in chunks), seconds - decode_s)
         elif order:  # only a step's own forward says what steps cost
             self.drafting.observe_step(step_rows, contexts, seconds)
         for j, i in enumerate(order):

@@ -18,6 +18,14 @@ and is seeded by the engine's warm-up. Thread-safe.
 The drafting policy asks it two things: the time of the step with no drafts, and the marginal time
 of one more draft node of sequence ``i``: ``t_row + t_att * ctx_i`` (its row through the model and
 its attention over its own cache).
+
+A forward that also carries a prompt chunk is another regime. The fit above comes from steps of their
+own, which on a CPU mostly read the weights, so a few more rows cost little (``t_row``); a forward
+with a chunk of ~100 prompt tokens is compute-bound, and there a draft row costs what a prompt token
+costs. The model keeps that price apart (:meth:`StepCostModel.observe_chunk`: what forwards with a
+chunk cost beyond their step's estimate, per chunk token, exponentially averaged), and
+``node_cost(ctx, shared=True)`` is the larger of the two, so a node in such a forward must pay for
+its real time.
 """
 
 from __future__ import annotations
@@ -43,9 +51,11 @@ def step_features(rows: Sequence[int], contexts: Sequence[int]) -> np.ndarray:
 class StepCostModel:
     """Seconds of a step as a function of its shape (see the module docstring)."""
 
-    def __init__(self, forget: float = 0.995, ridge: float = 1e-6) -> None:
+    def __init__(self, forget: float = 0.995, ridge: float = 1e-6, memory: float = 0.7) -> None:
         self.forget = forget
         self.ridge = ridge
+        self.memory = memory  # the chunk-token average's weight on the past
+        self.chunk_row_s: float | None = None  # seconds per row in a forward carrying a prompt chunk
         self._a = np.zeros((_N, _N))
         self._b = np.zeros(_N)
         self._count = 0
@@ -74,6 +84,18 @@ class StepCostModel:
             self._count += 1
             self._theta = self._solve()
 
+    def observe_chunk(self, tokens: int, seconds: float) -> None:
+        """A forward carried ``tokens`` prompt tokens that cost ``seconds`` beyond its step's estimate.
+        A sample over three times the average (another process slowed the forward) is capped."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        rate = seconds / tokens
+        with self._lock:
+            old = self.chunk_row_s
+            if old is not None:
+                rate = self.memory * old + (1 - self.memory) * min(rate, 3 * old)
+            self.chunk_row_s = rate
+
     def _solve(self) -> np.ndarray:
         """Least squares with every coefficient >= 0: drop negative ones and refit (5 unknowns)."""
         active = np.ones(_N, dtype=bool)
@@ -97,10 +119,14 @@ class StepCostModel:
         with self._lock:
             return float(step_features(rows, contexts) @ self._theta)
 
-    def node_cost(self, context: int) -> float:
-        """Marginal seconds of one more draft node in a sequence whose cache holds ``context``."""
+    def node_cost(self, context: int, shared: bool = False) -> float:
+        """Marginal seconds of one more draft node in a sequence whose cache holds ``context``;
+        ``shared``: in a forward that also carries a prompt chunk (at least a chunk token's cost)."""
         with self._lock:
-            return float(self._theta[2] + self._theta[4] * context / 1000.0)
+            cost = float(self._theta[2] + self._theta[4] * context / 1000.0)
+            if shared and self.chunk_row_s is not None:
+                cost = max(cost, self.chunk_row_s)
+            return cost
 
     def table(self, upto: int, context: int) -> np.ndarray:
         """Seconds of a one-sequence step over 1..upto rows at ``context`` cached positions (index 0

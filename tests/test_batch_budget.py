@@ -97,6 +97,32 @@ def test_a_compute_bound_batch_decodes_plainly() -> None:
     assert kept[0] >= 5 and kept[-1] == 0
 
 
+def test_a_forward_with_a_prompt_chunk_prices_a_node_as_a_chunk_token() -> None:
+    """Steps of their own are fitted with cheap rows (the weights dominate); a forward that carries a
+    prompt chunk is compute-bound, and there a node costs what a chunk token costs: fewer nodes pay."""
+    model = _fitted(TRUE)
+    assert model.node_cost(1000, shared=True) == model.node_cost(1000)  # no chunk measured yet
+    for _ in range(10):
+        model.observe_chunk(100, 0.25)  # 2.5 ms a chunk token
+    model.observe_chunk(100, 25.0)  # a forward slowed 100x by another process: capped at 3x
+    assert model.chunk_row_s == pytest.approx(0.7 * 0.0025 + 0.3 * 0.0075)
+    model.observe_chunk(0, 1.0)
+    model.observe_chunk(10, 0.0)  # nothing to learn from either
+    assert model.chunk_row_s == pytest.approx(0.004)
+    assert model.node_cost(1000, shared=True) == pytest.approx(0.004)
+    assert model.node_cost(1000) == pytest.approx(TRUE[2] + TRUE[4], rel=0.1)  # steps alone: unchanged
+    scores = np.array([0.9, 0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.08, 0.05, 0.03])
+    for b in (1, 8):
+        base = model.predict([1] * b, [1000] * b)
+        alone = sum(DraftPolicy._allocate([scores] * b, [model.node_cost(1000)] * b, base, b, None))
+        shared = sum(DraftPolicy._allocate([scores] * b, [model.node_cost(1000, True)] * b, base, b, None))
+        assert 0 < shared < alone
+    model.observe_chunk(100, 0.01)  # cheaper than a row of a step alone: the step's own price holds
+    for _ in range(30):
+        model.observe_chunk(100, 0.01)
+    assert model.node_cost(1000, shared=True) == model.node_cost(1000)
+
+
 def test_a_row_budget_caps_the_step() -> None:
     scores = [np.array([0.9, 0.9, 0.9, 0.9])] * 4
     keep = DraftPolicy._allocate(scores, [1e-4] * 4, 0.03, 4, max_rows=10)

@@ -101,10 +101,11 @@ class DraftPolicy:
         return self.choose_batch([seq], [max_nodes], [context])[0]
 
     def choose_batch(self, seqs: Sequence[DraftInputs], rooms: Sequence[int], contexts: Sequence[int],
-                     max_rows: int | None = None) -> list[Draft]:
+                     max_rows: int | None = None, shared: bool = False) -> list[Draft]:
         """One draft per sequence. ``rooms[i]``: most nodes sequence i may verify (its budget and its
         room in max_tokens and the window); ``contexts[i]``: positions in its cache; ``max_rows``:
-        most rows the step may have (None: no limit)."""
+        most rows the step may have (None: no limit); ``shared``: the forward also carries a prompt
+        chunk (a node costs at least a chunk token, see :mod:`lookupspec.step_cost`)."""
         t0 = time.perf_counter()
         b = len(seqs)
         known = self.steps.known()
@@ -116,7 +117,7 @@ class DraftPolicy:
                 tree = seq.session.propose(room, chain_only=not seq.spec.tree)
                 trees[i] = tree
                 scores[i] = self.calibration.apply(np.asarray(tree.score, dtype=np.float64))[:room]
-        costs = [self.steps.node_cost(c) for c in contexts] if known else [0.0] * b
+        costs = [self.steps.node_cost(c, shared) for c in contexts] if known else [0.0] * b
         base = self.steps.predict([1] * b, contexts) if known else 0.0
         chains = [self._chain_length(seqs[i], rooms[i], scores[i], contexts[i], costs[i]) for i in range(b)]
         per_token = self._dm_token_cost(base)

@@ -92,6 +92,15 @@ def test_requests_run_together_and_each_gets_its_own_tokens(model) -> None:
     for (prompt, params), sink in zip(requests, sinks, strict=True):
         sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=6))
     assert sched.waiting == len(requests)
+    choose, shared = engine.drafting.choose_batch, []
+
+    def spy(seqs, rooms, contexts, max_rows=None, shared_forward=False):
+        shared.append(shared_forward)
+        return choose(seqs, rooms, contexts, max_rows, shared_forward)
+
+    engine.drafting.choose_batch = spy
+    for _ in range(5):  # a measured step cost (the server's warm-up seeds it), far below the real one
+        engine.drafting.steps.observe([1], [10], 1e-5)
     _drain(sched, sinks)
     assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
     assert all(s.error is None for s in sinks)
@@ -100,6 +109,9 @@ def test_requests_run_together_and_each_gets_its_own_tokens(model) -> None:
     assert max(st.by_batch) == 3  # never more than max_batch in a step
     assert st.step_rows <= 64 * st.steps
     assert st.shared_forwards > 0  # prompt chunks rode on steps' forwards
+    # the policy is told which forwards carry a chunk, and what a chunk token costs there is measured
+    assert shared.count(True) == st.shared_forwards and False in shared
+    assert engine.drafting.steps.chunk_row_s > 0
     assert st.prefill_s > 0 and st.decode_s > 0
     assert engine.runner.pool.in_use() == 0
 
