@@ -18,6 +18,8 @@ every sequence's lookup tree (or draft-model chain) into one :class:`Draft`:
 
    One threshold for all sequences: a node is kept while its ``s / c_i`` beats the batch's current
    rate. With one sequence this is the single-request rule (``k* = argmax (1 + sum s[:k]) / T(1 + k)``).
+   In a forward that also carries a prompt chunk (``shared``) ``c_i`` is at least what a chunk token
+   costs there: such a forward is compute-bound, and a row is no longer nearly free.
    As the batch grows, its rate ``B / T`` grows (a step's weights are read once for all rows) while a
    node's cost does not shrink, so trees shrink by themselves, down to plain decoding: there is no
    batch-size switch.
