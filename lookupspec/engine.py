@@ -58,7 +58,11 @@ from lookupspec.sequence import SequenceState, StepOutput, finish_tokens
 from lookupspec.stats import AggregateStats
 from lookupspec.verify import VerifyResult
 
-__all__ = ["Engine", "Iteration", "SequenceState", "StepOutput", "finish_tokens"]
+__all__ = ["PREFIX_BLOCK", "Engine", "Iteration", "SequenceState", "StepOutput", "finish_tokens"]
+
+# The prefix cache's block where chunks are free: the 48 default bench prompts share ~64 tokens each
+# with an earlier prompt (instruction headers), under one 128-token chunk
+PREFIX_BLOCK = 32
 
 
 @dataclass
@@ -80,13 +84,15 @@ class Engine:
     (None: it grows as needed). ``prefill_chunk``: prompt tokens per prefill forward in
     :meth:`generate` (None: the whole prompt at once); a scheduler that interleaves prefills with
     steps passes the same value to :meth:`prefill` so that a request's tokens do not depend on how it
-    was served."""
+    was served. ``prefix_cache_bytes``: the prefix cache's budget (0: no cache); ``prefix_block_size``:
+    its block in tokens (None: :data:`PREFIX_BLOCK` where chunks are free, else ``prefill_chunk``;
+    a block smaller than the chunk needs free chunks, see :attr:`free_chunks`)."""
 
     def __init__(self, model: Any, *, draft_model: Any | None = None, context_window: int | None = None,
                  spec: SpecParams | None = None, lookup: DraftSessions | None = None,
                  policy: BudgetPolicy | None = None, lean: bool = True, max_slots: int = 64,
                  kv_cache_bytes: int | None = None, prefill_chunk: int | None = None,
-                 prefix_cache_bytes: int = 0) -> None:
+                 prefix_cache_bytes: int = 0, prefix_block_size: int | None = None) -> None:
         cfg = model.config.get_text_config(decoder=True)
         window = context_window or getattr(cfg, "max_position_embeddings", None) or 2048
         self.context_window = int(window)
@@ -110,11 +116,29 @@ class Engine:
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
+        self.prefix_block_size = self._prefix_block_size(prefix_block_size)
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_bytes > 0:
             if prefill_chunk is None:
                 raise ValueError("the prefix cache keeps whole prefill chunks: it needs prefill_chunk")
-            self.prefix_cache = PrefixCache(self.runner.pool, prefill_chunk, prefix_cache_bytes)
+            self.prefix_cache = PrefixCache(self.runner.pool, self.prefix_block_size, prefix_cache_bytes)
+
+    def _prefix_block_size(self, asked: int | None) -> int:
+        """The prefix cache's block: a whole chunk where chunks are fixed (only a chunk at a fixed
+        offset reproduces a prefill's bits), else ``asked`` or :data:`PREFIX_BLOCK` tokens, so that
+        prompts sharing less than a chunk (a system prompt, an instruction header) share blocks."""
+        chunk = self.prefill_chunk
+        if asked is not None and (asked < 1 or (chunk is not None and asked > chunk)):
+            raise ValueError(f"prefix_block_size must be between 1 and prefill_chunk ({chunk}), got {asked}")
+        if chunk is None:
+            return 0
+        if not self.free_chunks:
+            if asked is not None and asked != chunk:
+                raise ValueError(f"prefix_block_size {asked} needs a chunk-invariant forward (free chunks); "
+                                 f"this model's chunks stay whole, so its blocks are its prefill chunk "
+                                 f"({chunk})")
+            return chunk
+        return min(chunk, PREFIX_BLOCK) if asked is None else asked
 
     @property
     def free_chunks(self) -> bool:
@@ -166,7 +190,8 @@ class Engine:
         except PoolFull:  # else room for the prompt and a step; it grows later or ends with "length"
             slot = self.runner.allocate(min(len(ids) + max_draft + 2, self.context_window))
         seq = SequenceState(ids, params, spec, sampling, slot, scope=scope, context=list(ids))
-        if self.prefix_cache is not None and namespace is not None:
+        if self.prefix_cache is not None and namespace is not None and (
+                self.free_chunks or self.prefix_block_size == self.prefill_chunk):
             seq.namespace = namespace
             blocks = self.prefix_cache.lookup(namespace, ids)
             if blocks:
@@ -271,12 +296,12 @@ class Engine:
 
     def _prefilled(self, seq: SequenceState, start: int, end: int, logits: torch.Tensor) -> StepOutput | None:
         """Book a chunk ``prompt[start:end]`` that has gone through the forward (``logits``: its last
-        row's): keep every ``prefill_chunk`` block it completes in the prefix cache (a chunk may be a
-        whole block or, where the scheduler sizes chunks by the load, a part of one or two), and choose
-        the first token when the prompt is done."""
+        row's): keep every ``prefix_block_size`` block it completes in the prefix cache (where chunks are
+        fixed a block is a whole chunk; where they are free a chunk may complete several blocks or a
+        part of one), and choose the first token when the prompt is done."""
         seq.prefilled = end
-        block = self.prefill_chunk
-        if self.prefix_cache is not None and block is not None:
+        block = self.prefix_block_size
+        if self.prefix_cache is not None and block:
             for edge in range((start // block + 1) * block, end + 1, block):  # blocks completed by this chunk
                 lo = edge - block
                 if seq.namespace is not None and not (self.free_chunks or (start, end) == (lo, edge)):

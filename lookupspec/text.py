@@ -35,7 +35,8 @@ from lookupspec.stats import RequestStats
 
 __all__ = ["Completion", "TextChunk", "TextEngine", "TextFollower"]
 
-_ENGINE_OPTIONS = ("max_slots", "kv_cache_bytes", "prefill_chunk", "prefix_cache_bytes", "spec")
+_ENGINE_OPTIONS = ("max_slots", "kv_cache_bytes", "prefill_chunk", "prefix_cache_bytes", "prefix_block_size",
+                   "spec")
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ class TextEngine:
         1.5-3x faster decoding, same arithmetic up to summation order). ``lean_forward``: decode
         through :mod:`lookupspec.runtime.lean` where the model allows it (bit-identical, faster).
         Other keyword arguments go to :class:`~lookupspec.engine.Engine` when it takes them
-        (``max_slots``, ``kv_cache_bytes``, ``prefill_chunk``, ``prefix_cache_bytes``), else to
+        (``max_slots``, ``kv_cache_bytes``, ``prefill_chunk``, ``prefix_cache_bytes``,
+        ``prefix_block_size``), else to
         ``load_model``."""
         engine_kwargs = {k: kwargs.pop(k) for k in _ENGINE_OPTIONS if k in kwargs}
         loaded = load_model(model, dtype=dtype, device=device, auto_pull=auto_pull, **kwargs)

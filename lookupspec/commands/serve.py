@@ -134,11 +134,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
            "whole chunks. Needs a chunk-invariant forward (the native CPU attention); elsewhere chunks stay "
            "whole [env LOOKUPSPEC_PREFILL_STRETCH]")
     a("--prefix-cache-mb", type=_non_negative, default=_env("PREFIX_CACHE_MB", 512, int),
-      help="memory for the prefix cache: the KV of recent prompts' whole prefill chunks, reused by prompts "
+      help="memory for the prefix cache: the KV of recent prompts' whole blocks, reused by prompts "
            "of the same namespace that start alike (a shared system prompt, the same retrieved passages); "
            "least recently used first out; 0 turns it off [env LOOKUPSPEC_PREFIX_CACHE_MB]")
     a("--no-prefix-cache", dest="prefix_cache_mb", action="store_const", const=0,
       help="turn the prefix cache off (same as --prefix-cache-mb 0)")
+    a("--prefix-block-size", type=_positive, default=_env("PREFIX_BLOCK_SIZE", None, int),
+      help="tokens per prefix-cache block: prompts share whole blocks, so smaller blocks share shorter "
+           "heads (a system prompt, an instruction header) for more index entries. At most "
+           "--prefill-chunk; smaller than it only with a chunk-invariant forward (the native CPU "
+           "attention), elsewhere a block is a prefill chunk (unset: 32 where that allows, else the "
+           "chunk) [env LOOKUPSPEC_PREFIX_BLOCK_SIZE]")
     a("--kv-cache-mb", type=_positive, default=_env("KV_CACHE_MB", None, int),
       help="memory for the KV cache, split evenly between the --max-batch slots; a request that outgrows "
            "its share ends with finish_reason length (unset: grow as needed) [env LOOKUPSPEC_KV_CACHE_MB]")
@@ -221,6 +227,9 @@ def run(args: argparse.Namespace) -> int:
                         max_document_bytes=args.max_document_bytes)
         if args.admin_key is not None and (not args.admin_key or args.admin_key in keys):
             raise ValueError("--admin-key must be non-empty and differ from every API key")
+        if args.prefix_block_size is not None and args.prefix_block_size > args.prefill_chunk:
+            raise ValueError(f"--prefix-block-size ({args.prefix_block_size}) must be at most "
+                             f"--prefill-chunk ({args.prefill_chunk})")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -288,7 +297,8 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
                              packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
                              warmup=True, log=_say, max_slots=args.max_batch, kv_cache_bytes=kv_bytes,
                              prefill_chunk=args.prefill_chunk,
-                             prefix_cache_bytes=args.prefix_cache_mb * 2**20)
+                             prefix_cache_bytes=args.prefix_cache_mb * 2**20,
+                             prefix_block_size=args.prefix_block_size)
         config = GatewayConfig(
             model_name=args.served_model_name or te.loaded.name, api_keys=keys, admin_key=args.admin_key,
             max_queue=args.max_queue, max_batch=args.max_batch, max_batch_tokens=args.max_batch_tokens,
@@ -305,7 +315,8 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
              f"lean forward {'on' if args.lean_forward else 'off'}; batches of up to {args.max_batch} "
              f"sequences, prefill chunks of {args.prefill_chunk} tokens"
              f"{_stretched(te, args.prefill_stretch)}, prefix cache "
-             + (f"{args.prefix_cache_mb} MiB" if args.prefix_cache_mb else "off"))
+             + (f"{args.prefix_cache_mb} MiB in blocks of {te.engine.prefix_block_size} tokens"
+                if args.prefix_cache_mb else "off"))
         replayed = store.start()
         backend = f"redis {args.redis_url}" if args.redis_url else f"embedded {args.data_dir}"
         synced = store.health().get("synced", True)

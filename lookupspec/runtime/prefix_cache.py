@@ -1,32 +1,37 @@
-"""Prefix cache: the KV of recent prompts' whole prefill chunks, reused by prompts that start alike.
+"""Prefix cache: the KV of recent prompts' whole blocks, reused by prompts that start alike.
 
 RAG traffic repeats itself: the same system prompt on every call, the same retrieved passages for
-related questions. A prompt is prefilled in chunks of ``C`` tokens at fixed offsets (0, C, 2C, ...),
-and the keys and values a chunk produces depend only on the tokens up to its end: the same first
-``k * C`` tokens always produce the same bits. So after each whole chunk of a prefill, the cache keeps
-a copy of that chunk's KV entries (every layer; sliding-window layers too, which is why the copy is
-taken right after the chunk, before the window drops it), and a later prompt that starts with the
-same chunks gets them copied into its slot and prefills only the rest, from the next chunk boundary
-on. Its tokens are then exactly those of a prefill from scratch (tested bit for bit).
+related questions. The keys and values a prompt's first ``k * C`` tokens produce depend only on those
+tokens, whenever the prefill reproduces its bits: so after each block of ``C`` tokens a prefill
+completes, the cache keeps a copy of that block's KV entries (every layer; sliding-window layers too,
+which is why the copy is taken right after the forward that completes the block, before the window
+drops it), and a later prompt that starts with the same blocks gets them copied into its slot and
+prefills only the rest, from the next block boundary on. Its tokens are then exactly those of a
+prefill from scratch (tested bit for bit).
 
-Index: a chain of blocks. A block is one chunk; its key is (its parent block, its ``C`` tokens), with
-the namespace as the parent of a prompt's first block, in one dict. Finding a prompt's longest cached
-prefix walks the prompt one chunk at a time, one dict lookup each: time proportional to the prompt,
-independent of how many blocks are cached, and exact (the key holds the tokens themselves, so there
-are no hash collisions to verify). This is vLLM's block-hash chain with the hash replaced by the
-block's tokens, or equally a token trie whose edges are whole chunks; whole chunks because only they
-reproduce a prefill's bits, and one entry per chunk keeps the index small.
+The engine chooses ``C``: where prompts are prefilled in whole chunks at fixed offsets (0, chunk,
+2 chunk, ...) only a whole chunk reproduces a prefill's bits, so a block is a chunk; where the forward
+is chunk-invariant (:attr:`lookupspec.engine.Engine.free_chunks`) any chunking gives the same bits, and
+blocks are smaller than a chunk (32 tokens by default), so that prompts sharing less than a chunk (a
+system prompt, an instruction header) share blocks.
+
+Index: a chain of blocks. A block's key is (its parent block, its ``C`` tokens), with the namespace as
+the parent of a prompt's first block, in one dict. Finding a prompt's longest cached prefix walks the
+prompt one block at a time, one dict lookup each: time proportional to the prompt, independent of how
+many blocks are cached, and exact (the key holds the tokens themselves, so there are no hash
+collisions to verify). This is vLLM's block-hash chain with the hash replaced by the block's tokens,
+or equally a token trie whose edges are whole blocks.
 
 Namespaces: a block is found only under the namespace that stored it (the chain starts at the
 namespace), the same isolation as documents and outputs.
 
 Memory: at most ``max_bytes``; least recently used leaf blocks (no cached child depends on them) are
 evicted first. An evicted block's buffers (two blocks' at most, beyond ``max_bytes``) take the next
-stored chunk: a fresh 6 MB buffer (SmolLM2's 128-token chunk) cost ~8 ms of page faults on a 2-core
+stored block: a fresh 6 MB buffer (SmolLM2's 128-token block) cost ~8 ms of page faults on a 2-core
 EPYC, whatever the allocator had just freed, and a copy into a used one 0.07 ms; a cache that is full
-stores a chunk per eviction, inside the scheduler's loop, where every stream waits for it.
+stores a block per eviction, inside the scheduler's loop, where every stream waits for it.
 
-A prompt reuses at most ``(len - 1) // C`` chunks: its last token is always prefilled, since its
+A prompt reuses at most ``(len - 1) // C`` blocks: its last token is always prefilled, since its
 logits choose the first token.
 """
 
@@ -45,7 +50,7 @@ __all__ = ["PrefixBlock", "PrefixCache", "PrefixCacheStats"]
 
 @dataclass(eq=False)
 class PrefixBlock:
-    """One cached chunk: its KV entries per pool group, as ``SlotPool`` group tensors without the slot
+    """One cached block: its KV entries per pool group, as ``SlotPool`` group tensors without the slot
     dimension: ``[rows, kv_heads, C, dim]`` (rows: 2 x layers, or layers for keys and values apart)."""
 
     id: int
@@ -60,11 +65,11 @@ class PrefixBlock:
 @dataclass
 class PrefixCacheStats:
     lookups: int = 0  # prompts looked up
-    hits: int = 0  # prompts that reused at least one chunk
+    hits: int = 0  # prompts that reused at least one block
     hit_tokens: int = 0  # prompt tokens reused
-    stored: int = 0  # chunks stored
-    evicted: int = 0  # chunks evicted
-    blocks: int = 0  # chunks held now
+    stored: int = 0  # blocks stored
+    evicted: int = 0  # blocks evicted
+    blocks: int = 0  # blocks held now
     bytes: int = 0  # bytes held now
 
 
@@ -73,13 +78,13 @@ class PrefixCache:
     """The cache of one engine (single-threaded, like the engine)."""
 
     pool: SlotPool
-    chunk: int  # C: the engine's prefill chunk
+    block: int  # C: tokens per block (the engine's prefill chunk, or less where chunks are free)
     max_bytes: int
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     def __post_init__(self) -> None:
-        if self.chunk < 1 or self.max_bytes < 0:
-            raise ValueError(f"chunk must be >= 1 and max_bytes >= 0, got {self.chunk}, {self.max_bytes}")
+        if self.block < 1 or self.max_bytes < 0:
+            raise ValueError(f"block must be >= 1 and max_bytes >= 0, got {self.block}, {self.max_bytes}")
         self._blocks: dict[tuple[object, tuple[int, ...]], PrefixBlock] = {}
         self._spare: list[list[list[torch.Tensor]]] = []  # evicted blocks' buffers, for the next stores
         self._ids = itertools.count()
@@ -90,9 +95,9 @@ class PrefixCache:
         return ("namespace", namespace)
 
     def lookup(self, namespace: str, tokens: Sequence[int]) -> list[PrefixBlock]:
-        """The cached chunks that ``tokens`` starts with (at most ``(len(tokens) - 1) // C``)."""
+        """The cached blocks that ``tokens`` starts with (at most ``(len(tokens) - 1) // C``)."""
         self.stats.lookups += 1
-        c = self.chunk
+        c = self.block
         found: list[PrefixBlock] = []
         parent: object = self._root(namespace)
         for i in range((len(tokens) - 1) // c):
@@ -112,10 +117,10 @@ class PrefixCache:
     @torch.inference_mode()
     def load(self, slot: int, blocks: Sequence[PrefixBlock]) -> int:
         """Copy ``blocks`` (a chain from position 0) into ``slot``, which must be empty; returns the
-        positions now in it. A sliding-window group gets only the chunks its window still needs."""
+        positions now in it. A sliding-window group gets only the blocks its window still needs."""
         if not blocks:
             return 0
-        c, end = self.chunk, len(blocks) * self.chunk
+        c, end = self.block, len(blocks) * self.block
         pool = self.pool
         if int(pool.length[slot]) != 0:
             raise ValueError("prefix blocks load into an empty slot")
@@ -135,11 +140,11 @@ class PrefixCache:
     @torch.inference_mode()
     def store(self, namespace: str, parent: PrefixBlock | None, tokens: Sequence[int], slot: int,
               position: int) -> PrefixBlock | None:
-        """Keep the chunk ``tokens`` that ``slot`` just prefilled at ``position`` (a multiple of C,
-        after ``parent``'s chunk); returns its block (the one already cached, if any), or None when the
-        cache holds nothing (``max_bytes`` 0, or the chunk alone is larger)."""
-        if len(tokens) != self.chunk or position % self.chunk or (parent is None) != (position == 0):
-            raise ValueError("store() takes one whole chunk at a chunk boundary, after its parent")
+        """Keep the block ``tokens`` that ``slot`` just prefilled at ``position`` (a multiple of C,
+        after ``parent``'s block); returns it (the one already cached, if any), or None when the
+        cache holds nothing (``max_bytes`` 0, or the block alone is larger)."""
+        if len(tokens) != self.block or position % self.block or (parent is None) != (position == 0):
+            raise ValueError("store() takes one whole block at a block boundary, after its parent")
         key = (parent.id if parent is not None else self._root(namespace), tuple(int(t) for t in tokens))
         block = self._blocks.get(key)
         now = next(self._clock)
@@ -149,7 +154,7 @@ class PrefixCache:
         views = []
         for g in self.pool.groups:
             e0 = position - int(g.start[slot])
-            views.append([t[:, slot, :, e0:e0 + self.chunk] for t in g.tensors])
+            views.append([t[:, slot, :, e0:e0 + self.block] for t in g.tensors])
         nbytes = sum(v.numel() * v.element_size() for group in views for v in group)
         if nbytes > self.max_bytes:
             return None
@@ -166,7 +171,7 @@ class PrefixCache:
         return block
 
     def _copy(self, views: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
-        """The chunk's entries in buffers of their own: an evicted block's when one fits, else new."""
+        """The block's entries in buffers of their own: an evicted block's when one fits, else new."""
         def shape(group: list[torch.Tensor]) -> list[tuple[object, ...]]:
             return [(t.shape, t.dtype, t.device) for t in group]
 

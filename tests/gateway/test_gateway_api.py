@@ -442,7 +442,7 @@ def test_prompts_that_share_a_prefix_reuse_its_kv_within_their_namespace(
     assert text == want.text  # served from the cached prefix: the same answer
     prompt = len(text_engine.encode_prompt(messages=[{"role": "system", "content": PASSAGES},
                                                      {"role": "user", "content": "x"}]))
-    assert cached >= 128 and cached % 128 == 0 and cached < prompt and first == 0
+    assert cached >= 128 and cached % 32 == 0 and cached < prompt and first == 0  # whole blocks
     assert metric("hit_tokens") - hits_before == cached
     beta = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_BETA, max_retries=0, timeout=120)
     assert _ask(beta, question)[1] == 0  # alpha's prefix never leaks to beta

@@ -78,3 +78,17 @@ def test_a_prefill_stretch_is_off_or_above_one(monkeypatch: pytest.MonkeyPatch,
         parse()
     with pytest.raises(ValueError, match="prefill_stretch"):
         GatewayConfig(model_name="m", prefill_stretch=0.9)
+
+
+def test_a_prefix_block_size_is_at_most_the_prefill_chunk(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse().prefix_block_size is None  # the engine chooses (32 where chunks are free)
+    assert parse("--prefix-block-size", "16").prefix_block_size == 16
+    monkeypatch.setenv("LOOKUPSPEC_PREFIX_BLOCK_SIZE", "64")
+    assert parse().prefix_block_size == 64
+    with pytest.raises(SystemExit):
+        parse("--prefix-block-size", "0")
+    assert "must be >= 1" in capsys.readouterr().err
+    args = parse("--prefix-block-size", "256", "--prefill-chunk", "128", "--model", "./does-not-exist")
+    assert serve.run(args) == 2
+    assert "--prefix-block-size (256) must be at most --prefill-chunk (128)" in capsys.readouterr().err

@@ -1,7 +1,8 @@
-"""The prefix cache: a prompt that starts with cached chunks gets exactly the logits and tokens of a
-prefill from scratch (every tiny family, sliding windows included, greedy and seeded; SmolLM2),
-reuse stays inside its namespace, memory stays within the budget (least recently used leaves go
-first), and a lookup probes one entry per chunk whatever the cache holds."""
+"""The prefix cache: a prompt that starts with cached blocks gets exactly the logits and tokens of a
+prefill from scratch (every tiny family, sliding windows included, greedy and seeded; SmolLM2; blocks
+smaller than the chunk where chunks are free), reuse stays inside its namespace, memory stays within
+the budget (least recently used leaves go first), and a lookup probes one entry per block whatever the
+cache holds."""
 
 from __future__ import annotations
 
@@ -90,6 +91,39 @@ def test_blocks_prefilled_in_uneven_chunks_are_kept_only_where_the_forward_is_ch
                                                         for s in cached.runner.layers)
 
 
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_blocks_smaller_than_the_chunk_share_shorter_heads_where_chunks_are_free(tiny_models, name) -> None:
+    """Where chunks are free, blocks of 5 tokens under chunks of 16 let a prompt reuse 50 of the 53
+    tokens it shares with another (whole chunks: 48), with exactly the scratch prefill's logits and
+    tokens; a block that is not a whole chunk is refused where chunks are fixed, and by default the
+    block is :data:`PREFIX_BLOCK` tokens or the chunk, whichever is smaller."""
+    from lookupspec.engine import PREFIX_BLOCK
+    from lookupspec.models import load_model
+
+    model = load_model(str(tiny_models[name])).model
+    if packing_available():
+        pack_linears(model)
+    scratch = Engine(model, prefill_chunk=CHUNK)
+    assert Engine(model, prefill_chunk=CHUNK).prefix_block_size == min(CHUNK, PREFIX_BLOCK)
+    assert Engine(model, prefill_chunk=64).prefix_block_size == (PREFIX_BLOCK if scratch.free_chunks else 64)
+    with pytest.raises(ValueError, match="prefix_block_size"):
+        Engine(model, prefill_chunk=CHUNK, prefix_block_size=CHUNK + 1)
+    if not scratch.free_chunks:
+        with pytest.raises(ValueError, match="chunk-invariant"):
+            Engine(model, prefill_chunk=CHUNK, prefix_block_size=5)
+        return
+    cached = Engine(model, prefill_chunk=CHUNK, prefix_cache_bytes=64 << 20, prefix_block_size=5)
+    _, (a, b) = _prompts()
+    for expect, sampling in ((50, SamplingParams()), (60, SamplingParams(temperature=0.9, seed=5))):
+        params = GenerationParams(max_tokens=24, sampling=sampling)
+        _run(cached, a, params, "ns")
+        got, got_logits, reused = _run(cached, b, params, "ns")
+        want, want_logits, _ = _run(scratch, b, params, "ns")
+        assert reused == expect  # 10 blocks of 5 shared with a (53 tokens in common), then b's own 12
+        assert torch.equal(got_logits, want_logits)
+        assert got == want
+
+
 def test_reuse_stays_inside_its_namespace(tiny_models) -> None:
     from lookupspec.models import load_model
 
@@ -120,7 +154,7 @@ def _fill(pool, slot, n, value):
 def test_memory_stays_within_the_budget_least_recently_used_leaves_first() -> None:
     pool = _pool()
     per_block = 2 * 2 * 1 * 8 * 4 * 4  # 2 groups x (k, v) x 1 head x 8 positions x 4 dims x float32
-    cache = PrefixCache(pool, chunk=8, max_bytes=5 * per_block)
+    cache = PrefixCache(pool, block=8, max_bytes=5 * per_block)
     slot = pool.allocate(64)
     chains = {}
     for name, first in (("a", 1), ("b", 2), ("c", 3)):
@@ -139,7 +173,7 @@ def test_an_evicted_block_lends_its_buffers_to_the_next_chunk_stored() -> None:
     fresh memory to fault in), holds its own entries, and loads them back."""
     pool = _pool()
     per_block = 2 * 2 * 1 * 8 * 4 * 4
-    cache = PrefixCache(pool, chunk=8, max_bytes=2 * per_block)
+    cache = PrefixCache(pool, block=8, max_bytes=2 * per_block)
     slot = pool.allocate(64)
     blocks, pointers = [], []
     for value in (1.0, 2.0, 3.0):
@@ -169,7 +203,7 @@ def test_an_evicted_block_lends_its_buffers_to_the_next_chunk_stored() -> None:
 
 def test_a_lookup_probes_one_entry_per_chunk_whatever_the_cache_holds() -> None:
     pool = _pool()
-    cache = PrefixCache(pool, chunk=8, max_bytes=1 << 30)
+    cache = PrefixCache(pool, block=8, max_bytes=1 << 30)
     slot = pool.allocate(64)
     _fill(pool, slot, 8, 0.0)
     for i in range(2000):  # many unrelated prompts
