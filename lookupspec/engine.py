@@ -120,7 +120,7 @@ class Engine:
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_bytes > 0:
             if prefill_chunk is None:
-                raise ValueError("the prefix cache keeps whole prefill chunks: it needs prefill_chunk")
+                raise ValueError("the prefix cache keeps blocks of chunked prefills: it needs prefill_chunk")
             self.prefix_cache = PrefixCache(self.runner.pool, self.prefix_block_size, prefix_cache_bytes)
 
     def _prefix_block_size(self, asked: int | None) -> int:
