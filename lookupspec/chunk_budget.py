@@ -14,8 +14,12 @@ the ones still being prefilled included. That yardstick follows the load and not
 the steps of only the sequences decoding now, a burst of new requests (few decoding, many
 prefilling) would get small chunks exactly when their prefill is most of the work, and their slow
 prefill would keep the batch small (measured: a mean batch of 1.4 of 8, 16-token chunks).
-``seconds_per_chunk_token`` is measured: what forwards that carried a chunk cost beyond their step's
-own estimate, per chunk token, exponentially averaged.
+``seconds_per_chunk_token`` is measured once, by the engine: what forwards that carried a chunk cost
+beyond their step's own estimate, per chunk token, exponentially averaged
+(:attr:`lookupspec.step_cost.StepCostModel.chunk_row_s`, the price the drafting policy puts on a
+draft row in such a forward too). The scheduler passes it to :meth:`ChunkBudget.tokens`; until the
+engine has it, forwards that carried chunks alone seed the rate (an overestimate: they also read the
+weights).
 
 A floor keeps the prefill ahead of the decode. Prompts are prefilled one after another (oldest
 first), so with ``S`` slots whose sequences decode in ``D`` steps each, every prompt of ``P`` tokens
@@ -66,21 +70,19 @@ class ChunkBudget:
         self.headroom = headroom
         self.prompt_tokens: float | None = None  # prompt tokens a finished sequence had prefilled
         self.steps: float | None = None  # decode steps a finished sequence took
-        self.per_token: float | None = None  # seconds per chunk token in a shared forward
-        self._alone: float | None = None  # the same from forwards with no step (an overestimate)
+        self.alone: float | None = None  # seconds per chunk token in forwards with no step (a seed)
 
-    def observe(self, tokens: int, seconds: float, shared: bool) -> None:
-        """A forward carried ``tokens`` prompt tokens that cost ``seconds`` beyond its step's estimate
-        (``shared``), or in all (a forward with no step: it also read the weights, so it only seeds)."""
+    def observe_alone(self, tokens: int, seconds: float) -> None:
+        """A forward with no step carried ``tokens`` prompt tokens in ``seconds``: a seed for the
+        rate until the shared forwards' price is known (it includes the weights' read, so it is
+        high). A sample over three times the average (another process slowed the forward) is
+        capped."""
         if tokens <= 0 or seconds <= 0:
             return
         rate = seconds / tokens
-        if not shared:
-            self._alone = self._average(self._alone, rate)
-            return
-        if self.per_token is not None:  # a forward slowed many times by another process says nothing
-            rate = min(rate, 3.0 * self.per_token)
-        self.per_token = self._average(self.per_token, rate)
+        if self.alone is not None:
+            rate = min(rate, 3.0 * self.alone)
+        self.alone = self._average(self.alone, rate)
 
     def observe_sequence(self, prefilled: float, steps: int) -> None:
         """A sequence finished after ``prefilled`` prompt tokens (its share of a shared prefill) and
@@ -92,11 +94,13 @@ class ChunkBudget:
     def _average(self, old: float | None, new: float) -> float:
         return new if old is None else self.memory * old + (1 - self.memory) * new
 
-    def tokens(self, plain_step_s: float | None, slots: int = 1) -> int:
+    def tokens(self, plain_step_s: float | None, slots: int = 1, per_token: float | None = None) -> int:
         """This forward's prompt tokens while sequences decode, for a plain step of ``plain_step_s``
         seconds (None: not measured yet, a whole block) with ``slots`` sequences holding slots
-        (the floor that keeps prefill ahead of the decode, see the module docstring)."""
-        rate = self.per_token if self.per_token is not None else self._alone
+        (the floor that keeps prefill ahead of the decode, see the module docstring). ``per_token``:
+        the engine's seconds per chunk token in a shared forward (None: not measured yet, the
+        forwards alone's seed)."""
+        rate = per_token if per_token is not None else self.alone
         if not self.stretch or plain_step_s is None or plain_step_s <= 0 or rate is None:
             return self.block
         size = int((self.stretch - 1.0) * plain_step_s / rate) // 8 * 8

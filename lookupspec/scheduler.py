@@ -344,7 +344,11 @@ class Scheduler:
         done = 0
         if self.budget is not None and self._prefilling and self.engine.free_chunks:
             slots = len(live) + sum(r.n for r in self._prefilling)
-            budget = self.budget.tokens(self._plain_step(live), slots) if live else self.budget.idle()
+            if live:
+                per_token = self.engine.drafting.steps.chunk_row_s  # measured by the engine
+                budget = self.budget.tokens(self._plain_step(live), slots, per_token)
+            else:
+                budget = self.budget.idle()
             self.stats.prefill_budget = budget
             for req in self._prefilling:
                 seq = req.seqs[0]
@@ -403,8 +407,8 @@ class Scheduler:
                 self._observe(live, self._step_alone(live), time.perf_counter() - t0)
             return True
         self.stats.prefill_s += it.seconds - it.decode_s
-        if chunks and self.budget is not None:
-            self.budget.observe(prefilled, it.seconds - it.decode_s, shared=bool(live))
+        if chunks and not live and self.budget is not None:  # seeds the chunk's price until the
+            self.budget.observe_alone(prefilled, it.seconds)  # engine measures it in shared forwards
         for (req, _), first, start in zip(chunks, it.prefills, before, strict=True):
             self._prefilled(req, first, start)
         if live:

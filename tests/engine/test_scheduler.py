@@ -279,9 +279,21 @@ def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
         assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
         assert all(s.error is None for s in sinks)
 
+    prices: list[tuple[float | None, float | None]] = []  # (price passed, the engine's price then)
+    sized = sched.budget.tokens
+
+    def tokens(plain_step_s, slots=1, per_token=None):
+        prices.append((per_token, engine.drafting.steps.chunk_row_s))
+        return sized(plain_step_s, slots, per_token)
+
+    sched.budget.tokens = tokens
     serve(sched)
     shrunk = [n for small, n, _ in sizes if small]
     assert shrunk and max(shrunk) <= 16
+    # the chunk's price is the engine's one measurement (the drafting policy's too); the forwards
+    # with no step only seed it
+    assert prices and all(given == measured for given, measured in prices)
+    assert any(given is not None for given, _ in prices) and sched.budget.alone is not None
     assert all(n == min(64, left) for small, n, left in sizes if not small)  # the ceiling, filled
     assert any(n == 64 for small, n, _ in sizes if not small)
     assert engine.prefix_cache.stats.stored > 0 and engine.prefix_cache.stats.hit_tokens > 0
