@@ -9,13 +9,15 @@ from lookupspec.models import DEFAULT_MODEL, DTYPES
 
 CPU_LINEAR = ("auto", "stream", "onednn")
 CPU_ATTENTION = ("auto", "native", "sdpa")
+LEAN_NATIVE = ("auto", "native", "torch")
 
 
 class _Environ(argparse.Action):
     """An option recorded in the environment variable ``env``: ``--cpu-linear`` in
     ``LOOKUPSPEC_CPU_LINEAR``, which the packing reads (:mod:`lookupspec.runtime.cpu_gemm`),
-    ``--cpu-attention`` in ``LOOKUPSPEC_CPU_ATTENTION``, which every forward reads
-    (:mod:`lookupspec.runtime.cpu_attention`), so they hold for every model this process loads."""
+    ``--cpu-attention`` in ``LOOKUPSPEC_CPU_ATTENTION`` and ``--lean-native`` in
+    ``LOOKUPSPEC_LEAN_NATIVE``, which every forward reads (:mod:`lookupspec.runtime.cpu_attention`,
+    :mod:`lookupspec.runtime.lean_native`), so they hold for every model this process loads."""
 
     def __init__(self, *args, env: str, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -51,6 +53,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "layer for the whole batch, compiled with the system C compiler on first "
                              "use), sdpa (PyTorch's, once per sequence), or auto: native where it builds, "
                              "else sdpa (default auto) [env LOOKUPSPEC_CPU_ATTENTION]")
+    parser.add_argument("--lean-native", choices=LEAN_NATIVE, action=_Environ, env="LOOKUPSPEC_LEAN_NATIVE",
+                        default=os.environ.get("LOOKUPSPEC_LEAN_NATIVE", "auto"),
+                        help="the lean forward's rotary embedding, KV-pool writes and RMSNorm scaling: "
+                             "native (one C call each, compiled on first use; the same bits), torch "
+                             "(PyTorch ops), or auto: native where it builds, else torch (default auto) "
+                             "[env LOOKUPSPEC_LEAN_NATIVE]")
     parser.add_argument("--no-lean-forward", dest="lean_forward", action="store_false",
                         default=os.environ.get("LOOKUPSPEC_LEAN_FORWARD", "1") not in ("0", "false", "no"),
                         help="decode and verify through transformers' own forward instead of lookupspec's "

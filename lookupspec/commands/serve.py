@@ -196,6 +196,16 @@ def _attention(text_engine: Any) -> str:
     return "native" if cpu_attention.kernel() is not None else "sdpa"
 
 
+def _lean(text_engine: Any) -> str:
+    """Whether the served model's forwards take the lean path, and with which element-wise steps:
+    "on (native element-wise steps)", "on (torch ops)" or "off"."""
+    if text_engine.engine.runner.lean is None:
+        return "off"
+    from lookupspec.runtime import lean_native
+
+    return "on (native element-wise steps)" if lean_native.kernel() is not None else "on (torch ops)"
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -312,7 +322,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
              f"speculation {'on' if spec.enabled else 'off'}: up to {spec.max_draft_tokens} draft tokens "
              f"per step, sources {','.join(spec.sources)}, draft model {args.draft_model or 'none'}; "
              f"packed linear {_packed(te) if args.packed_linear else 'off'}, attention {_attention(te)}, "
-             f"lean forward {'on' if args.lean_forward else 'off'}; batches of up to {args.max_batch} "
+             f"lean forward {_lean(te)}; batches of up to {args.max_batch} "
              f"sequences, prefill chunks of {args.prefill_chunk} tokens"
              f"{_stretched(te, args.prefill_stretch)}, prefix cache "
              + (f"{args.prefix_cache_mb} MiB in blocks of {te.engine.prefix_block_size} tokens"

@@ -35,7 +35,7 @@ from . import cpu_attention
 if TYPE_CHECKING:
     from .batch import RaggedBatch
 
-__all__ = ["ATTN_NAME", "active_batch", "attend", "gqa_sdpa_attention", "use_runtime_attention"]
+__all__ = ["ATTN_NAME", "active_batch", "attend", "gqa_sdpa_attention", "layer_pool", "use_runtime_attention"]
 
 ATTN_NAME = "lookupspec_runtime"
 
@@ -93,6 +93,18 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return out.view(1, heads, n, v.shape[-1])
 
 
+def layer_pool(batch: RaggedBatch, layer: int, window: int | None) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """``layer``'s pool group and its keys and values ``[slots, kv_heads, capacity, dim]``; raises
+    when the layer's window is not the one the pool was laid out for."""
+    pool = batch.pool
+    gi = pool.group_index(layer)
+    group = pool.groups[gi]
+    if window != group.window:
+        raise RuntimeError(f"layer {layer} attends with window {window}, but the KV pool was laid out for "
+                           f"{group.window}: the model's layer types and the pool disagree")
+    return gi, pool.keys(layer), pool.values(layer)
+
+
 def attend(batch: RaggedBatch, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
            scaling: float | None, window: int | None, softcap: float | None = None,
            sinks: torch.Tensor | None = None) -> torch.Tensor:
@@ -100,13 +112,7 @@ def attend(batch: RaggedBatch, layer: int, query: torch.Tensor, key: torch.Tenso
 
     query: [1, heads, rows, head_dim]; key/value: [1, kv_heads, rows, dim] (the rows' own keys and
     values, rotary embeddings applied). Returns [1, rows, heads, value_dim] (pad rows zero)."""
-    pool = batch.pool
-    gi = pool.group_index(layer)
-    group = pool.groups[gi]
-    if window != group.window:
-        raise RuntimeError(f"layer {layer} attends with window {window}, but the KV pool was laid out for "
-                           f"{group.window}: the model's layer types and the pool disagree")
-    keys, values = pool.keys(layer), pool.values(layer)  # [slots, kv_heads, capacity, dim]
+    gi, keys, values = layer_pool(batch, layer, window)
     real = batch.real_rows
     # every row's key and value into its sequence's slot: one indexed copy per tensor
     keys[batch.write_slot, :, batch.write_entry[gi]] = key[0, :, :real].transpose(0, 1).to(keys.dtype)

@@ -14,6 +14,11 @@ and KV entries are bit-identical to the runner's transformers path (tested on th
 SmolLM2). The runner uses it for every forward: decode, verification and prefill chunks, alone or
 sharing one forward.
 
+Where ``lean.c`` builds (:mod:`lookupspec.runtime.lean_native`), the rotary embedding with the rows'
+KV-pool writes, and RMSNorm after its mean of squares, are one native call each (with the native
+attention: the rotated queries go straight to ``attend.c``), with the same roundings as those torch
+ops, so the same bits; elsewhere, or with ``LOOKUPSPEC_LEAN_NATIVE=torch``, the torch ops run.
+
 When the model's linear layers are oneDNN-packed (:mod:`lookupspec.runtime.cpu_linear`), q/k/v and
 gate/up each run as one :class:`~lookupspec.runtime.cpu_linear.FusedLinears` matmul (bit-identical to
 the separate layers, checked when built): a decode step then makes 4 oneDNN calls per layer instead
@@ -35,7 +40,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import rotate_half  # qwen2's and mistral's are the same
 
-from .attention import attend
+from . import cpu_attention, lean_native
+from .attention import attend, layer_pool
 
 if TYPE_CHECKING:
     from .batch import RaggedBatch
@@ -129,6 +135,21 @@ class LeanForward:
             return None
         return cls(model, windows)
 
+    def _native_attention(self, batch: RaggedBatch) -> Any:
+        """The attention kernel when this forward's layers can take the native path end to end (the
+        rotary embedding and the pool writes in ``lean.c``, attention in ``attend.c``), else None."""
+        lib = cpu_attention.kernel()
+        if lib is None or self.head_dim % 16:
+            return None
+        for group in batch.pool.groups:
+            keys, values = batch.pool.keys(group.layers[0]), batch.pool.values(group.layers[0])
+            if not (keys.device.type == values.device.type == "cpu"
+                    and keys.dtype == values.dtype == torch.float32
+                    and keys.shape[-1] == values.shape[-1] == self.head_dim and keys.shape[1] == self.n_kv
+                    and keys.stride(-1) == values.stride(-1) == 1):
+                return None
+        return lib
+
     @torch.inference_mode()
     def __call__(self, batch: RaggedBatch, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[rows, vocab]`` (only of the rows listed in ``keep``, a 1-D index tensor, when
@@ -137,21 +158,34 @@ class LeanForward:
         n = batch.rows
         h = F.embedding(batch.input_ids, self.embed)
         cos, sin = self.rotary(h, position_ids=batch.position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         d, nq, nkv = self.head_dim, self.n_heads, self.n_kv
         inter = self.intermediate
+        native = lean_native.kernel()  # the element-wise steps in one call each (same bits)
+        attn = self._native_attention(batch) if native is not None else None
+        norm = _rms_norm if native is None else lambda x, w, eps: lean_native.rms_norm(native, x, w, eps)
+        if attn is None:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        else:
+            cos, sin = cos[0], sin[0]
         for i, layer in enumerate(self.layers):
-            x = _rms_norm(h, layer.norm_in, layer.norm_in_eps)
-            qkv = layer.qkv(x).view(1, n, nq + 2 * nkv, d).transpose(1, 2)
-            qk = qkv[:, : nq + nkv]
-            qk = (qk * cos) + (rotate_half(qk) * sin)
-            att = attend(batch, i, qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:], scaling=self.scaling,
-                         window=self.windows[i])
+            x = norm(h, layer.norm_in, layer.norm_in_eps)
+            if attn is not None and native is not None:
+                gi, keys, values = layer_pool(batch, i, self.windows[i])
+                q = lean_native.rope_store(native, layer.qkv(x).view(n, nq + 2 * nkv, d), cos, sin, nq, nkv,
+                                           keys, values, batch.write_slot, batch.write_entry[gi],
+                                           batch.real_rows)
+                att = cpu_attention.attend_native(attn, batch, gi, q, keys, values, self.scaling)
+            else:
+                qkv = layer.qkv(x).view(1, n, nq + 2 * nkv, d).transpose(1, 2)
+                qk = qkv[:, : nq + nkv]
+                qk = (qk * cos) + (rotate_half(qk) * sin)
+                att = attend(batch, i, qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:], scaling=self.scaling,
+                             window=self.windows[i])
             h = h + layer.o_proj(att.reshape(1, n, nq * d))
-            x = _rms_norm(h, layer.norm_post, layer.norm_post_eps)
+            x = norm(h, layer.norm_post, layer.norm_post_eps)
             gu = layer.gate_up(x)
             h = h + layer.down(F.silu(gu[..., :inter]) * gu[..., inter:])
-        h = _rms_norm(h, self.norm, self.norm_eps)
+        h = norm(h, self.norm, self.norm_eps)
         if keep is not None:
             h = h[:, keep]
         return self.lm_head(h)[0]

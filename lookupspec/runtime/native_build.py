@@ -1,4 +1,5 @@
-"""Building the runtime's C kernels (``sgemm.c``, ``attend.c``) with the system compiler, on first use.
+"""Building the runtime's C kernels (``sgemm.c``, ``attend.c``, ``lean.c``) with the system compiler,
+on first use.
 
 Each source is compiled with ``-O3 -march=<arch> -fopenmp -ffp-contract=off`` into
 ``$LOOKUPSPEC_HOME/kernels/<stem>-<digest>.so``; the digest covers the source, the compiler and flags

@@ -66,6 +66,37 @@ def test_lean_forward_is_bit_identical(tiny_models, name, packed) -> None:
     _compare(model, [torch.randint(3, vocab, (n,)).tolist() for n in (70, 9, 33)])
 
 
+@pytest.mark.parametrize("setting", ["auto", "torch"])
+def test_the_native_element_wise_steps_give_the_torch_ops_bits(tiny_models, monkeypatch, setting) -> None:
+    """With lean.c (the default where it builds) the rotary embedding, the pool writes and RMSNorm's
+    scaling run natively in every layer, and the logits and KV entries are still transformers'
+    bits; with LOOKUPSPEC_LEAN_NATIVE=torch the torch ops run instead, with the same bits."""
+    from lookupspec.models import load_model
+    from lookupspec.runtime import lean_native
+
+    monkeypatch.setenv("LOOKUPSPEC_LEAN_NATIVE", setting)
+    if setting == "auto" and lean_native.kernel() is None:
+        pytest.skip("lean.c does not build here")
+    calls = {"rope_store": 0, "rms_norm": 0}
+    for name in calls:
+        real = getattr(lean_native, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(lean_native, name, counted)
+    for family in ("tiny-llama", "tiny-mistral"):  # full attention; sliding windows
+        model = load_model(str(tiny_models[family])).model
+        torch.manual_seed(0)
+        vocab = model.config.vocab_size
+        _compare(model, [torch.randint(3, vocab, (n,)).tolist() for n in (40, 9)], sizes=(1, 3, 12))
+    if setting == "torch":
+        assert calls == {"rope_store": 0, "rms_norm": 0}
+    else:
+        assert calls["rope_store"] > 0 and calls["rms_norm"] > calls["rope_store"]
+
+
 def test_lean_forward_declines_what_it_does_not_cover(tiny_models) -> None:
     from transformers import AutoModelForCausalLM
 
