@@ -9,6 +9,11 @@
    copied as they are. Queries go to q_out [rows][heads][d]; keys and values of rows < real to the
    pool at (slot[r], entry[r]).
 
+   lsl_add_rms: the residual sum and the next RMSNorm in one pass, the mean of squares summed in
+   the order of torch's reduction (its cascade of vector accumulators, for the vector width torch's
+   kernels use here: lean_native.py finds it by comparing with torch at load, and keeps torch's
+   mean where neither width gives its bits).
+
    lsl_rms_scale: RMSNorm after its mean of squares (which stays torch's, its summation order is
    torch's):  out[r][i] = w[i] * (x[r][i] * (1 / sqrt(var[r] + eps))), each operation rounded as
    torch's rsqrt, mul and mul round it.
@@ -55,6 +60,93 @@ void lsl_rope_store(const float *qkv, long qkv_row, long qkv_head, long rows, lo
         for (long j = 0; j < kv_heads; j++) {
             rope_row(xr + (heads + j) * qkv_head, c, s, kd + j * k_head, d);
             memcpy(vd + j * v_head, xr + (heads + kv_heads + j) * qkv_head, sizeof(float) * dv);
+        }
+    }
+}
+
+/* ceil(log2(x)) as ATen's utils::CeilLog2 (1 for x <= 2). */
+static long ceil_log2(long x) {
+    if (x <= 2) return 1;
+    long k = 0;
+    while ((1L << k) < x) k++;
+    return k;
+}
+
+#define LEVELS 4 /* ATen's multi_row_sum: a cascade of 4 accumulator levels */
+#define ILP 4    /* ATen's row_sum: 4 interleaved vector accumulators */
+
+/* sum(x[i] * x[i]) over a row of n floats, added in the order of ATen's cascade_sum for a contiguous
+   inner reduction with `w`-lane vectors (vectorized_inner_sum -> row_sum -> multi_row_sum): the
+   squares are rounded first (torch's pow(2) is x * x, a tensor of its own), then summed lane by
+   lane in the same tree, then the tail and the lanes in order, onto the zero-filled output. */
+static float sum_squares(const float *x, long n, int w) {
+    float acc[LEVELS][ILP][16];
+    memset(acc, 0, sizeof(acc));
+    long vecs = n / w, size = vecs / ILP;
+    long power = ceil_log2(size) / LEVELS;
+    if (power < 4) power = 4;
+    long step = 1L << power, mask = step - 1, i = 0;
+    for (; i + step <= size;) {
+        for (long j = 0; j < step; ++j, ++i)
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < w; l++) {
+                    float v = x[(i * ILP + k) * w + l];
+                    float sq = v * v;
+                    acc[0][k][l] = acc[0][k][l] + sq;
+                }
+        for (int j = 1; j < LEVELS; j++) {
+            for (int k = 0; k < ILP; k++)
+                for (int l = 0; l < w; l++) {
+                    acc[j][k][l] = acc[j][k][l] + acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if ((i & (mask << (j * power))) != 0) break;
+        }
+    }
+    for (; i < size; ++i)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < w; l++) {
+                float v = x[(i * ILP + k) * w + l];
+                float sq = v * v;
+                acc[0][k][l] = acc[0][k][l] + sq;
+            }
+    for (int j = 1; j < LEVELS; j++)
+        for (int k = 0; k < ILP; k++)
+            for (int l = 0; l < w; l++) acc[0][k][l] = acc[0][k][l] + acc[j][k][l];
+    for (long v = size * ILP; v < vecs; v++) /* row_sum's leftover vectors into the first chain */
+        for (int l = 0; l < w; l++) {
+            float e = x[v * w + l];
+            float sq = e * e;
+            acc[0][0][l] = acc[0][0][l] + sq;
+        }
+    for (int k = 1; k < ILP; k++)
+        for (int l = 0; l < w; l++) acc[0][0][l] = acc[0][0][l] + acc[0][k][l];
+    float total = 0.0f;
+    for (long k = vecs * w; k < n; k++) {
+        float sq = x[k] * x[k];
+        total = total + sq;
+    }
+    for (int l = 0; l < w; l++) total = total + acc[0][0][l];
+    return 0.0f + total;
+}
+
+/* The residual sum and the next RMSNorm: h[r] += y[r] (y may be NULL), then
+   out[r] = w * (h[r] * (1 / sqrt(sum(h[r]^2) / dim + eps))), the sum as sum_squares with `lanes`-wide
+   vectors: torch's h + y, h.pow(2).mean(-1), + eps, rsqrt, * and * in one pass. h, y and out are
+   [rows][dim], contiguous. */
+void lsl_add_rms(float *h, const float *y, const float *w, float eps, float *out, long rows, long dim,
+                 int lanes, int nthreads) {
+    if (nthreads < 1 || rows < PARALLEL_ROWS) nthreads = 1;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        float *hr = h + r * dim, *o = out + r * dim;
+        if (y)
+            for (long i = 0; i < dim; i++) hr[i] = hr[i] + y[r * dim + i];
+        float var = sum_squares(hr, dim, lanes) / (float)dim;
+        float inv = 1.0f / sqrtf(var + eps);
+        for (long i = 0; i < dim; i++) {
+            float t = hr[i] * inv;
+            o[i] = w[i] * t;
         }
     }
 }

@@ -15,9 +15,10 @@ SmolLM2). The runner uses it for every forward: decode, verification and prefill
 sharing one forward.
 
 Where ``lean.c`` builds (:mod:`lookupspec.runtime.lean_native`), the rotary embedding with the rows'
-KV-pool writes, and RMSNorm after its mean of squares, are one native call each (with the native
-attention: the rotated queries go straight to ``attend.c``), with the same roundings as those torch
-ops, so the same bits; elsewhere, or with ``LOOKUPSPEC_LEAN_NATIVE=torch``, the torch ops run.
+KV-pool writes, and each residual sum with the RMSNorm after it, are one native call each (with the
+native attention: the rotated queries go straight to ``attend.c``), with the same roundings as those
+torch ops and the mean of squares summed in torch's order, so the same bits; elsewhere, or with
+``LOOKUPSPEC_LEAN_NATIVE=torch``, the torch ops run.
 
 When the model's linear layers are oneDNN-packed (:mod:`lookupspec.runtime.cpu_linear`), q/k/v and
 gate/up each run as one :class:`~lookupspec.runtime.cpu_linear.FusedLinears` matmul (bit-identical to
@@ -99,6 +100,8 @@ class LeanForward:
         self.scaling = float(inner.layers[0].self_attn.scaling)
         self.intermediate = int(cfg.intermediate_size)
         self.windows = list(windows)
+        self._lanes: int | None = None  # lean.c's vector width for torch's sums of squares (None: none)
+        self._probed = False
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
@@ -150,6 +153,29 @@ class LeanForward:
                 return None
         return lib
 
+    def _add_norm(self, native: Any) -> Any:
+        """``(h, y, weight, eps) -> (h + y, RMSNorm(h + y))`` (``y`` None: no sum): one native pass
+        that updates ``h`` in place where ``lean.c`` can sum the squares in torch's order
+        (:func:`~lookupspec.runtime.lean_native.sum_lanes`), else the torch sum and mean of squares
+        with the native scaling, or the torch ops."""
+        lanes = None
+        if native is not None:
+            if not self._probed:
+                self._lanes, self._probed = lean_native.sum_lanes(native, int(self.embed.shape[1])), True
+            lanes = self._lanes
+
+        def add_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+            if lanes is not None and h.is_contiguous():
+                return h, lean_native.add_rms_norm(native, h, y, weight, eps, lanes)
+            if y is not None:
+                h = h + y
+            if native is not None:
+                return h, lean_native.rms_norm(native, h, weight, eps)
+            return h, _rms_norm(h, weight, eps)
+
+        return add_norm
+
     @torch.inference_mode()
     def __call__(self, batch: RaggedBatch, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``[rows, vocab]`` (only of the rows listed in ``keep``, a 1-D index tensor, when
@@ -162,13 +188,13 @@ class LeanForward:
         inter = self.intermediate
         native = lean_native.kernel()  # the element-wise steps in one call each (same bits)
         attn = self._native_attention(batch) if native is not None else None
-        norm = _rms_norm if native is None else lambda x, w, eps: lean_native.rms_norm(native, x, w, eps)
+        add_norm = self._add_norm(native)
         if attn is None:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         else:
             cos, sin = cos[0], sin[0]
+        h, x = add_norm(h, None, self.layers[0].norm_in, self.layers[0].norm_in_eps)
         for i, layer in enumerate(self.layers):
-            x = norm(h, layer.norm_in, layer.norm_in_eps)
             if attn is not None and native is not None:
                 gi, keys, values = layer_pool(batch, i, self.windows[i])
                 q = lean_native.rope_store(native, layer.qkv(x).view(n, nq + 2 * nkv, d), cos, sin, nq, nkv,
@@ -181,11 +207,12 @@ class LeanForward:
                 qk = (qk * cos) + (rotate_half(qk) * sin)
                 att = attend(batch, i, qk[:, :nq], qk[:, nq:], qkv[:, nq + nkv:], scaling=self.scaling,
                              window=self.windows[i])
-            h = h + layer.o_proj(att.reshape(1, n, nq * d))
-            x = norm(h, layer.norm_post, layer.norm_post_eps)
+            h, x = add_norm(h, layer.o_proj(att.reshape(1, n, nq * d)), layer.norm_post, layer.norm_post_eps)
             gu = layer.gate_up(x)
-            h = h + layer.down(F.silu(gu[..., :inter]) * gu[..., inter:])
-        h = norm(h, self.norm, self.norm_eps)
+            after = self.layers[i + 1] if i + 1 < len(self.layers) else None  # the next norm: its or the last
+            weight, eps = (after.norm_in, after.norm_in_eps) if after else (self.norm, self.norm_eps)
+            h, x = add_norm(h, layer.down(F.silu(gu[..., :inter]) * gu[..., inter:]), weight, eps)
+        h = x
         if keep is not None:
             h = h[:, keep]
         return self.lm_head(h)[0]

@@ -10,6 +10,15 @@ as torch rounds it (the C is built with ``-ffp-contract=off``), so the logits an
 bit-identical to the torch ops (``tests/runtime/test_lean.py`` compares them with transformers'
 forward).
 
+The residual sum and the RMSNorm after it go further (:func:`add_rms_norm`: one pass for ``h + y``,
+``pow(2).mean(-1)`` and the scaling): the mean of squares is a reduction, and its bits depend on the
+order of the additions, so ``lean.c`` adds them in the order of torch's own kernel (a cascade of four
+levels of four interleaved vector accumulators; ``aten/src/ATen/native/cpu/SumKernel.cpp``).
+That order follows the vector width torch's kernel was built for (8 floats with AVX2, 16 with
+AVX-512), so :func:`sum_lanes` finds it by comparing whole steps with torch's ops on random rows,
+once per hidden size, and where neither width gives torch's bits the mean stays torch's
+(:func:`rms_norm`: only the scaling is native).
+
 ``LOOKUPSPEC_LEAN_NATIVE``: ``auto`` (default: the library where it builds), ``native`` (a failed
 build is an error) or ``torch`` (the torch ops).
 """
@@ -23,7 +32,7 @@ import torch
 
 from .native_build import LazyLibrary
 
-__all__ = ["kernel", "rms_norm", "rope_store"]
+__all__ = ["add_rms_norm", "kernel", "rms_norm", "rope_store", "sum_lanes"]
 
 _SOURCE = Path(__file__).with_name("lean.c")
 
@@ -35,6 +44,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.lsl_rope_store.restype = None
     lib.lsl_rms_scale.argtypes = [p, i64, p, p, f32, p, i64, i64, i32]
     lib.lsl_rms_scale.restype = None
+    lib.lsl_add_rms.argtypes = [p, p, p, f32, p, i64, i64, i32, i32]
+    lib.lsl_add_rms.restype = None
 
 
 _LIBRARY = LazyLibrary(_SOURCE, _declare, "LOOKUPSPEC_LEAN_NATIVE", on="native", off="torch",
@@ -56,6 +67,53 @@ def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float
     lib.lsl_rms_scale(x.data_ptr(), dim, variance.data_ptr(), weight.data_ptr(), eps, out.data_ptr(),
                       rows, dim, torch.get_num_threads())
     return out
+
+
+def add_rms_norm(lib: ctypes.CDLL, h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 lanes: int) -> torch.Tensor:
+    """``h += y`` in place (when ``y`` is given), then transformers' LlamaRMSNorm of ``h``, in one
+    pass: the mean of squares summed as torch sums it with ``lanes``-wide vectors (see
+    :func:`sum_lanes`). ``h``: contiguous float32 [.., dim]; ``y`` of its shape."""
+    if not h.is_contiguous() or (y is not None and y.shape != h.shape):
+        raise ValueError("add_rms_norm takes a contiguous h and a y of its shape")
+    if y is not None:
+        y = y.contiguous()
+    out = torch.empty_like(h)
+    dim = h.shape[-1]
+    lib.lsl_add_rms(h.data_ptr(), None if y is None else y.data_ptr(), weight.data_ptr(), eps, out.data_ptr(),
+                    h.numel() // dim, dim, lanes, torch.get_num_threads())
+    return out
+
+
+_LANES: dict[int, int | None] = {}
+
+
+def sum_lanes(lib: ctypes.CDLL, dim: int) -> int | None:
+    """The vector width (16 or 8 floats) with which ``lean.c`` sums squares in the order of torch's
+    own reduction for rows of ``dim`` floats (torch's kernels follow the CPU: AVX-512 or AVX2), or
+    None when neither gives torch's bits and the mean must stay torch's. Found once per size by
+    comparing whole residual-and-norm steps with the torch ops on random rows (1, 7 and 130 of them:
+    the last take torch's multi-threaded path), magnitudes over six decades."""
+    if dim not in _LANES:
+        from .lean import _rms_norm
+
+        gen = torch.Generator().manual_seed(dim)
+        weight = torch.randn(dim, generator=gen)
+        found = None
+        for lanes in (16, 8):
+            same = True
+            for rows in (1, 7, 130):
+                scale = torch.logspace(-3, 3, rows).unsqueeze(1)
+                h, y = torch.randn(rows, dim, generator=gen) * scale, torch.randn(rows, dim, generator=gen)
+                want_h = h + y
+                want = _rms_norm(want_h, weight, 1e-6)
+                got = add_rms_norm(lib, h, y, weight, 1e-6, lanes)
+                same = same and torch.equal(h, want_h) and torch.equal(got, want)
+            if same:
+                found = lanes
+                break
+        _LANES[dim] = found
+    return _LANES[dim]
 
 
 def rope_store(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int,

@@ -66,18 +66,22 @@ def test_lean_forward_is_bit_identical(tiny_models, name, packed) -> None:
     _compare(model, [torch.randint(3, vocab, (n,)).tolist() for n in (70, 9, 33)])
 
 
-@pytest.mark.parametrize("setting", ["auto", "torch"])
+@pytest.mark.parametrize("setting", ["auto", "no-sum-order", "torch"])
 def test_the_native_element_wise_steps_give_the_torch_ops_bits(tiny_models, monkeypatch, setting) -> None:
-    """With lean.c (the default where it builds) the rotary embedding, the pool writes and RMSNorm's
-    scaling run natively in every layer, and the logits and KV entries are still transformers'
-    bits; with LOOKUPSPEC_LEAN_NATIVE=torch the torch ops run instead, with the same bits."""
+    """With lean.c (the default where it builds) the rotary embedding, the pool writes, and each
+    residual sum with the RMSNorm after it run natively in every layer, and the logits and KV entries
+    are still transformers' bits. Where lean.c cannot sum squares in torch's order ("no-sum-order")
+    the mean of squares stays torch's and only the scaling is native; with
+    LOOKUPSPEC_LEAN_NATIVE=torch the torch ops run. The same bits every time."""
     from lookupspec.models import load_model
     from lookupspec.runtime import lean_native
 
-    monkeypatch.setenv("LOOKUPSPEC_LEAN_NATIVE", setting)
-    if setting == "auto" and lean_native.kernel() is None:
+    monkeypatch.setenv("LOOKUPSPEC_LEAN_NATIVE", "torch" if setting == "torch" else "auto")
+    if setting != "torch" and lean_native.kernel() is None:
         pytest.skip("lean.c does not build here")
-    calls = {"rope_store": 0, "rms_norm": 0}
+    if setting == "no-sum-order":
+        monkeypatch.setattr(lean_native, "sum_lanes", lambda lib, dim: None)
+    calls = {"rope_store": 0, "rms_norm": 0, "add_rms_norm": 0}
     for name in calls:
         real = getattr(lean_native, name)
 
@@ -88,13 +92,45 @@ def test_the_native_element_wise_steps_give_the_torch_ops_bits(tiny_models, monk
         monkeypatch.setattr(lean_native, name, counted)
     for family in ("tiny-llama", "tiny-mistral"):  # full attention; sliding windows
         model = load_model(str(tiny_models[family])).model
+        assert model.config.num_hidden_layers == 2
         torch.manual_seed(0)
         vocab = model.config.vocab_size
         _compare(model, [torch.randint(3, vocab, (n,)).tolist() for n in (40, 9)], sizes=(1, 3, 12))
+    forwards = calls["rope_store"] // 2  # a rotary call a layer
+    layers_norms = 2 * calls["rope_store"] + forwards  # two norms a layer, and the last one
+    assert calls["rope_store"] > 0 or setting == "torch"
     if setting == "torch":
-        assert calls == {"rope_store": 0, "rms_norm": 0}
+        assert calls == {"rope_store": 0, "rms_norm": 0, "add_rms_norm": 0}
+    elif setting == "auto":
+        assert calls["rms_norm"] == 0 and calls["add_rms_norm"] == layers_norms
     else:
-        assert calls["rope_store"] > 0 and calls["rms_norm"] > calls["rope_store"]
+        assert calls["add_rms_norm"] == 0 and calls["rms_norm"] == layers_norms
+
+
+def test_the_sum_of_squares_follows_torchs_order() -> None:
+    """lean.c's residual-and-norm pass matches torch's ops for every row count and the hidden sizes
+    of common models, with the vector width found by comparing with torch."""
+    from lookupspec.runtime import lean_native
+
+    lib = lean_native.kernel()
+    if lib is None:
+        pytest.skip("lean.c does not build here")
+    from lookupspec.runtime.lean import _rms_norm
+
+    gen = torch.Generator().manual_seed(3)
+    for dim in (64, 576, 960, 2048, 4096, 5000):
+        lanes = lean_native.sum_lanes(lib, dim)
+        assert lanes in (8, 16)
+        weight = torch.randn(dim, generator=gen)
+        for rows in (1, 3, 40, 129):
+            scale = 10 ** torch.empty(1, rows, 1).uniform_(-4, 4, generator=gen)  # eight decades
+            h = torch.randn(1, rows, dim, generator=gen) * scale
+            y = torch.randn(1, rows, dim, generator=gen)
+            want_h = h + y
+            want = _rms_norm(want_h, weight, 1e-5)
+            got = lean_native.add_rms_norm(lib, h, y, weight, 1e-5, lanes)
+            assert torch.equal(h, want_h) and torch.equal(got, want), (dim, rows)
+            assert torch.equal(lean_native.add_rms_norm(lib, want_h.clone(), None, weight, 1e-5, lanes), want)
 
 
 def test_lean_forward_declines_what_it_does_not_cover(tiny_models) -> None:
