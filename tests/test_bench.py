@@ -191,6 +191,19 @@ def test_bench_batch_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     assert modes == {("greedy", 2), ("sampled T=0.8", 2), ("greedy, plain", 2)}
     for r in result["exactness"]:  # the tiny model's logits are spread out: no near-ties, no differences
         assert r["identical"] == r["prompts"] == 2 and r["other_differences"] == 0
+    # the lean forward's native element-wise steps against torch's ops, shape by shape
+    proc = subprocess.run(
+        [sys.executable, "-m", "lookupspec.cli", "bench-batch", "--model", str(tiny_models["tiny-llama"]),
+         "--sections", "cost", "--batch-sizes", "1,2", "--rows", "1", "--context", "64", "--rounds", "2",
+         "--compare-lean-native", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Speed-up of the native element-wise steps" in proc.stdout
+    result = json.loads(out.read_text())
+    assert set(result["cost_lean_native"]) == {"native", "torch"}
+    assert result["cost"] == result["cost_lean_native"]["native"]
+    assert {(r["batch"], r["rows"]) for r in result["cost_lean_native"]["torch"]} == {(1, 1), (2, 1)}
 
 
 def test_bench_linear_end_to_end_on_a_tiny_model(tiny_models, tmp_path):

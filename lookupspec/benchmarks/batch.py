@@ -5,6 +5,8 @@ Three sections (``--sections``, all by default), on the default model and prompt
 
 - ``cost``: the wall time of one target forward over B sequences (1, 2, 4, 8, 16) x rows per
   sequence (1, 4, 8, 16) at ~1000-token contexts, configurations interleaved round by round, medians.
+  With ``--compare-lean-native`` each shape is timed with the lean forward's native element-wise
+  steps and with torch's ops, one after the other in every round, and the ratio is printed.
 - ``throughput``: aggregate decode tokens/s of B sequences stepping together (the prompts run in
   waves of B; prefill untimed), plain decoding and with their lookup drafts, against one sequence
   alone on the same prompts.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -55,6 +58,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=_ints, default=[1, 4, 8, 16], help="cost: rows per sequence")
     parser.add_argument("--context", type=positive_int, default=1000, help="cost: tokens in each cache")
     parser.add_argument("--rounds", type=positive_int, default=7, help="cost: interleaved rounds")
+    parser.add_argument("--compare-lean-native", action="store_true",
+                        help="cost: time every shape with the lean forward's native element-wise steps and "
+                             "with torch's ops, one after the other in every round (LOOKUPSPEC_LEAN_NATIVE "
+                             "native, torch), and print both with their ratio")
     parser.add_argument("--throughput-batches", type=_ints, default=[1, 4, 8, 16],
                         help="throughput: batch sizes (1 is the reference)")
     parser.add_argument("--exactness-batches", type=_ints, default=[4, 8], help="exactness: batch sizes vs 1")
@@ -95,7 +102,13 @@ def run_waves(engine: Any, requests: list[tuple[list[int], Any]], batch: int, sp
     return outputs, decode_s, decode_tokens
 
 
-def _cost(engine: Any, prompt_ids: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
+_LEAN_NATIVE = "LOOKUPSPEC_LEAN_NATIVE"
+
+
+def _cost(engine: Any, prompt_ids: list[int], args: argparse.Namespace,
+          settings: tuple[str | None, ...] = (None,)) -> dict[str | None, list[dict[str, Any]]]:
+    """Step costs by shape, for each LOOKUPSPEC_LEAN_NATIVE setting (None: as it is), the settings
+    timed one after the other for every shape in every round."""
     import torch
 
     from lookupspec.runtime import SeqRows
@@ -105,30 +118,38 @@ def _cost(engine: Any, prompt_ids: list[int], args: argparse.Namespace) -> list[
     ctx = prompt_ids[: args.context]
     nb = max(args.batch_sizes)
     slots = [runner.allocate(len(ctx) + max(args.rows) + 2) for _ in range(nb)]
-    times: dict[tuple[int, int], list[float]] = {(b, r): [] for b in args.batch_sizes for r in args.rows}
+    times: dict[tuple[int, int, str | None], list[float]] = {
+        (b, r, v): [] for b in args.batch_sizes for r in args.rows for v in settings}
+    before = os.environ.get(_LEAN_NATIVE)
     try:
         for s in slots:
             runner.prefill(s, ctx)
         with torch.inference_mode():
             for _ in range(args.rounds + 1):  # the first round warms every shape up, untimed
-                for b, r in times:
+                for b, r, v in times:
+                    if v is not None:
+                        os.environ[_LEAN_NATIVE] = v
                     seqs = [SeqRows(slots[i], [ctx[-1 - j] for j in range(r)]) for i in range(b)]
                     sync_device(runner.device)
                     t0 = time.perf_counter()
                     runner.forward(seqs)
                     sync_device(runner.device)  # CUDA runs the forward asynchronously: wait for it
-                    times[(b, r)].append(time.perf_counter() - t0)
+                    times[(b, r, v)].append(time.perf_counter() - t0)
                     for s in seqs:
                         runner.pool.truncate(s.slot, len(ctx))
     finally:
         for s in slots:
             runner.free(s)
-    rows = []
-    for (b, r), ts in times.items():
+        if before is None:
+            os.environ.pop(_LEAN_NATIVE, None)
+        else:
+            os.environ[_LEAN_NATIVE] = before
+    out: dict[str | None, list[dict[str, Any]]] = {v: [] for v in settings}
+    for (b, r, v), ts in times.items():
         ms = statistics.median(ts[1:]) * 1000
-        rows.append({"batch": b, "rows": r, "total_rows": b * r, "ms": round(ms, 2),
-                     "rows_per_s": round(b * r / ms * 1000, 1)})
-    return rows
+        out[v].append({"batch": b, "rows": r, "total_rows": b * r, "ms": round(ms, 2),
+                       "rows_per_s": round(b * r / ms * 1000, 1)})
+    return out
 
 
 def _throughput(engine: Any, requests: list, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -244,8 +265,15 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if "cost" in sections:
         context = max(encoded, key=len) * (args.context // max(len(max(encoded, key=len)), 1) + 1)
-        result["cost"] = _cost(engine, context, args)
-        _print_cost(result["cost"])
+        if args.compare_lean_native:
+            both = _cost(engine, context, args, ("native", "torch"))
+            result["cost"], result["cost_lean_native"] = both["native"], both
+            _print_cost(both["native"], "with the native element-wise steps")
+            _print_cost(both["torch"], "with torch's ops")
+            _print_ratio(both["torch"], both["native"])
+        else:
+            result["cost"] = _cost(engine, context, args)[None]
+            _print_cost(result["cost"])
     if "throughput" in sections:
         result["throughput"] = _throughput(engine, greedy, args)
         _print_rows("Aggregate decode throughput", result["throughput"])
@@ -261,15 +289,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_cost(rows: list[dict[str, Any]]) -> None:
+def _print_cost(rows: list[dict[str, Any]], how: str = "") -> None:
     batches = sorted({r["batch"] for r in rows})
     per = sorted({r["rows"] for r in rows})
     ms = {(r["batch"], r["rows"]): r["ms"] for r in rows}
-    print("\nStep cost (ms) by batch size (rows) and rows per sequence (columns)\n")
+    title = "Step cost (ms) by batch size (rows) and rows per sequence (columns)"
+    print(f"\n{title}{' ' + how if how else ''}\n")
     print("| batch | " + " | ".join(f"{r} rows" for r in per) + " |")
     print("|---:|" + "---:|" * len(per))
     for b in batches:
         print(f"| {b} | " + " | ".join(f"{ms[(b, r)]:.1f}" for r in per) + " |")
+
+
+def _print_ratio(slow: list[dict[str, Any]], fast: list[dict[str, Any]]) -> None:
+    """Each shape's torch-ops time over its native-steps time."""
+    ms_slow = {(r["batch"], r["rows"]): r["ms"] for r in slow}
+    ms_fast = {(r["batch"], r["rows"]): r["ms"] for r in fast}
+    per = sorted({r for _, r in ms_slow})
+    print("\nSpeed-up of the native element-wise steps (torch ops ms / native ms)\n")
+    print("| batch | " + " | ".join(f"{r} rows" for r in per) + " |")
+    print("|---:|" + "---:|" * len(per))
+    for b in sorted({b for b, _ in ms_slow}):
+        print(f"| {b} | " + " | ".join(f"{ms_slow[(b, r)] / ms_fast[(b, r)]:.2f}x" for r in per) + " |")
 
 
 def _print_rows(title: str, rows: list[dict[str, Any]]) -> None:
