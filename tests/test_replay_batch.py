@@ -289,3 +289,17 @@ def test_batched_replay_command_refuses_options_of_the_other_mode(bench_file):
                           (["--batch-sizes", "2", "--step-cost", "t0=1,bogus=2"], "step-cost")):
         r = _cli("--from", str(bench), "--model", str(model), *args)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+
+
+def test_step_costs_are_measured_on_the_model_with_bench_batchs_measurement(tiny_models) -> None:
+    """bench-replay's measured costs (--cost from the model): every (batch, rows) at every context,
+    through bench-batch's cost section."""
+    from lookupspec.benchmarks.replay_costs import measure_samples
+    from lookupspec.engine import Engine
+    from lookupspec.models import load_model
+
+    engine = Engine(load_model(str(tiny_models["tiny-llama"])).model, max_slots=4)
+    samples = measure_samples(engine, list(range(3, 40)), [1, 2], [1, 3], [16, 48], rounds=1)
+    assert sorted((s.batch, s.rows, s.context) for s in samples) == sorted(
+        (b, r, c) for b in (1, 2) for r in (1, 3) for c in (16, 48))
+    assert all(s.seconds > 0 for s in samples)

@@ -139,5 +139,5 @@ def measure_samples(engine: Any, tokens: Sequence[int], batch_sizes: Sequence[in
         opts = argparse.Namespace(batch_sizes=list(batch_sizes), rows=list(rows), context=context,
                                   rounds=rounds)
         samples += [CostSample(r["batch"], r["rows"], context, r["ms"] / 1000.0)
-                    for r in _cost(engine, ids, opts)]
+                    for r in _cost(engine, ids, opts)[None]]
     return samples

@@ -28,6 +28,14 @@ class _Environ(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def _environ_choice(parser: argparse.ArgumentParser, flag: str, choices: tuple[str, ...], env: str,
+                    text: str) -> None:
+    """A ``choices`` option kept in the environment variable ``env`` (default: its value, else
+    "auto")."""
+    parser.add_argument(flag, choices=choices, action=_Environ, env=env, default=os.environ.get(env, "auto"),
+                        help=f"{text} (default auto) [env {env}]")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=os.environ.get("LOOKUPSPEC_MODEL", DEFAULT_MODEL),
                         help="named model, Hugging Face directory or .gguf file [env LOOKUPSPEC_MODEL]")
@@ -40,25 +48,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         default=os.environ.get("LOOKUPSPEC_PACKED_LINEAR", "1") not in ("0", "false", "no"),
                         help="on CPU float32, keep PyTorch's own linear layers instead of prepacked "
                              "weights (slower; for comparison) [env LOOKUPSPEC_PACKED_LINEAR=0]")
-    parser.add_argument("--cpu-linear", choices=CPU_LINEAR, action=_Environ, env="LOOKUPSPEC_CPU_LINEAR",
-                        default=os.environ.get("LOOKUPSPEC_CPU_LINEAR", "auto"),
-                        help="which matmul runs the prepacked CPU float32 layers: stream (lookupspec's "
-                             "streaming kernel, compiled with the system C compiler on first use; fastest "
-                             "for decoding), onednn (PyTorch's oneDNN), or auto: stream where it builds, "
-                             "else onednn (default auto) [env LOOKUPSPEC_CPU_LINEAR]")
-    parser.add_argument("--cpu-attention", choices=CPU_ATTENTION, action=_Environ,
-                        env="LOOKUPSPEC_CPU_ATTENTION",
-                        default=os.environ.get("LOOKUPSPEC_CPU_ATTENTION", "auto"),
-                        help="attention on the CPU in float32: native (lookupspec's kernel, one call per "
-                             "layer for the whole batch, compiled with the system C compiler on first "
-                             "use), sdpa (PyTorch's, once per sequence), or auto: native where it builds, "
-                             "else sdpa (default auto) [env LOOKUPSPEC_CPU_ATTENTION]")
-    parser.add_argument("--lean-native", choices=LEAN_NATIVE, action=_Environ, env="LOOKUPSPEC_LEAN_NATIVE",
-                        default=os.environ.get("LOOKUPSPEC_LEAN_NATIVE", "auto"),
-                        help="the lean forward's rotary embedding, KV-pool writes and RMSNorm scaling: "
-                             "native (one C call each, compiled on first use; the same bits), torch "
-                             "(PyTorch ops), or auto: native where it builds, else torch (default auto) "
-                             "[env LOOKUPSPEC_LEAN_NATIVE]")
+    _environ_choice(parser, "--cpu-linear", CPU_LINEAR, "LOOKUPSPEC_CPU_LINEAR",
+                    "which matmul runs the prepacked CPU float32 layers: stream (lookupspec's streaming "
+                    "kernel, compiled with the system C compiler on first use; fastest for decoding), "
+                    "onednn (PyTorch's oneDNN), or auto: stream where it builds, else onednn")
+    _environ_choice(parser, "--cpu-attention", CPU_ATTENTION, "LOOKUPSPEC_CPU_ATTENTION",
+                    "attention on the CPU in float32: native (lookupspec's kernel, one call per layer for "
+                    "the whole batch, compiled with the system C compiler on first use), sdpa "
+                    "(PyTorch's, once per sequence), or auto: native where it builds, else sdpa")
+    _environ_choice(parser, "--lean-native", LEAN_NATIVE, "LOOKUPSPEC_LEAN_NATIVE",
+                    "the lean forward's rotary embedding, KV-pool writes, residual sums and RMSNorms: "
+                    "native (one C call each, compiled on first use; the same bits), torch (PyTorch "
+                    "ops), or auto: native where it builds, else torch")
     parser.add_argument("--no-lean-forward", dest="lean_forward", action="store_false",
                         default=os.environ.get("LOOKUPSPEC_LEAN_FORWARD", "1") not in ("0", "false", "no"),
                         help="decode and verify through transformers' own forward instead of lookupspec's "
