@@ -127,7 +127,7 @@ def rope_store(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, sin: torc
     rows, _, d = qkv.shape
     if cos.stride(-1) != 1 or cos.stride() != sin.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
-    slot, entry = slot.contiguous(), entry.contiguous()
+    slot, entry = slot.to(torch.int64).contiguous(), entry.to(torch.int64).contiguous()  # C reads longs
     q = qkv.new_empty((rows, heads, d))
     lib.lsl_rope_store(qkv.data_ptr(), qkv.stride(0), qkv.stride(1), rows, heads, kv_heads, d, d,
                        cos.data_ptr(), sin.data_ptr(), cos.stride(0), q.data_ptr(),
