@@ -290,27 +290,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_cost(rows: list[dict[str, Any]], how: str = "") -> None:
-    batches = sorted({r["batch"] for r in rows})
-    per = sorted({r["rows"] for r in rows})
     ms = {(r["batch"], r["rows"]): r["ms"] for r in rows}
     title = "Step cost (ms) by batch size (rows) and rows per sequence (columns)"
-    print(f"\n{title}{' ' + how if how else ''}\n")
-    print("| batch | " + " | ".join(f"{r} rows" for r in per) + " |")
-    print("|---:|" + "---:|" * len(per))
-    for b in batches:
-        print(f"| {b} | " + " | ".join(f"{ms[(b, r)]:.1f}" for r in per) + " |")
+    _print_grid(f"{title}{' ' + how if how else ''}", {k: f"{v:.1f}" for k, v in ms.items()})
 
 
 def _print_ratio(slow: list[dict[str, Any]], fast: list[dict[str, Any]]) -> None:
     """Each shape's torch-ops time over its native-steps time."""
-    ms_slow = {(r["batch"], r["rows"]): r["ms"] for r in slow}
     ms_fast = {(r["batch"], r["rows"]): r["ms"] for r in fast}
-    per = sorted({r for _, r in ms_slow})
-    print("\nSpeed-up of the native element-wise steps (torch ops ms / native ms)\n")
+    _print_grid("Speed-up of the native element-wise steps (torch ops ms / native ms)",
+                {(r["batch"], r["rows"]): f"{r['ms'] / ms_fast[(r['batch'], r['rows'])]:.2f}x" for r in slow})
+
+
+def _print_grid(title: str, cells: dict[tuple[int, int], str]) -> None:
+    """A markdown table of ``cells[(batch, rows)]``: batch sizes down, rows per sequence across."""
+    per = sorted({r for _, r in cells})
+    print(f"\n{title}\n")
     print("| batch | " + " | ".join(f"{r} rows" for r in per) + " |")
     print("|---:|" + "---:|" * len(per))
-    for b in sorted({b for b, _ in ms_slow}):
-        print(f"| {b} | " + " | ".join(f"{ms_slow[(b, r)] / ms_fast[(b, r)]:.2f}x" for r in per) + " |")
+    for b in sorted({b for b, _ in cells}):
+        print(f"| {b} | " + " | ".join(cells[(b, r)] for r in per) + " |")
 
 
 def _print_rows(title: str, rows: list[dict[str, Any]]) -> None:

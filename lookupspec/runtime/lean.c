@@ -64,6 +64,16 @@ void lsl_rope_store(const float *qkv, long qkv_row, long qkv_head, long rows, lo
     }
 }
 
+/* RMSNorm's scaling of one row once its mean of squares is known: w * (x * (1 / sqrt(var + eps))),
+   each operation rounded as torch's rsqrt, mul and mul round it. */
+static inline void scale_row(const float *x, float var, const float *w, float eps, float *out, long dim) {
+    float inv = 1.0f / sqrtf(var + eps);
+    for (long i = 0; i < dim; i++) {
+        float t = x[i] * inv;
+        out[i] = w[i] * t;
+    }
+}
+
 /* ceil(log2(x)) as ATen's utils::CeilLog2 (1 for x <= 2). */
 static long ceil_log2(long x) {
     if (x <= 2) return 1;
@@ -139,15 +149,10 @@ void lsl_add_rms(float *h, const float *y, const float *w, float eps, float *out
     if (nthreads < 1 || rows < PARALLEL_ROWS) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (long r = 0; r < rows; r++) {
-        float *hr = h + r * dim, *o = out + r * dim;
+        float *hr = h + r * dim;
         if (y)
             for (long i = 0; i < dim; i++) hr[i] = hr[i] + y[r * dim + i];
-        float var = sum_squares(hr, dim, lanes) / (float)dim;
-        float inv = 1.0f / sqrtf(var + eps);
-        for (long i = 0; i < dim; i++) {
-            float t = hr[i] * inv;
-            o[i] = w[i] * t;
-        }
+        scale_row(hr, sum_squares(hr, dim, lanes) / (float)dim, w, eps, out + r * dim, dim);
     }
 }
 
@@ -156,13 +161,5 @@ void lsl_rms_scale(const float *x, long x_row, const float *var, const float *w,
                    long rows, long dim, int nthreads) {
     if (nthreads < 1 || rows < PARALLEL_ROWS) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (long r = 0; r < rows; r++) {
-        float inv = 1.0f / sqrtf(var[r] + eps);
-        const float *xr = x + r * x_row;
-        float *o = out + r * dim;
-        for (long i = 0; i < dim; i++) {
-            float t = xr[i] * inv;
-            o[i] = w[i] * t;
-        }
-    }
+    for (long r = 0; r < rows; r++) scale_row(x + r * x_row, var[r], w, eps, out + r * dim, dim);
 }

@@ -100,8 +100,7 @@ class LeanForward:
         self.scaling = float(inner.layers[0].self_attn.scaling)
         self.intermediate = int(cfg.intermediate_size)
         self.windows = list(windows)
-        self._lanes: int | None = None  # lean.c's vector width for torch's sums of squares (None: none)
-        self._probed = False
+        self._query = torch.empty(1, self.n_heads, 0, self.head_dim)  # a query's shape, for applies()
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
@@ -140,16 +139,16 @@ class LeanForward:
 
     def _native_attention(self, batch: RaggedBatch) -> Any:
         """The attention kernel when this forward's layers can take the native path end to end (the
-        rotary embedding and the pool writes in ``lean.c``, attention in ``attend.c``), else None."""
+        rotary embedding and the pool writes in ``lean.c``, attention in ``attend.c``: every pool group
+        as :func:`~lookupspec.runtime.cpu_attention.applies` wants it, with the model's key/value heads
+        and values as wide as the heads), else None."""
         lib = cpu_attention.kernel()
-        if lib is None or self.head_dim % 16:
+        if lib is None:
             return None
         for group in batch.pool.groups:
             keys, values = batch.pool.keys(group.layers[0]), batch.pool.values(group.layers[0])
-            if not (keys.device.type == values.device.type == "cpu"
-                    and keys.dtype == values.dtype == torch.float32
-                    and keys.shape[-1] == values.shape[-1] == self.head_dim and keys.shape[1] == self.n_kv
-                    and keys.stride(-1) == values.stride(-1) == 1):
+            if (values.shape[-1] != self.head_dim or keys.shape[1] != self.n_kv
+                    or values.device != keys.device or not cpu_attention.applies(self._query, keys, values)):
                 return None
         return lib
 
@@ -158,11 +157,7 @@ class LeanForward:
         that updates ``h`` in place where ``lean.c`` can sum the squares in torch's order
         (:func:`~lookupspec.runtime.lean_native.sum_lanes`), else the torch sum and mean of squares
         with the native scaling, or the torch ops."""
-        lanes = None
-        if native is not None:
-            if not self._probed:
-                self._lanes, self._probed = lean_native.sum_lanes(native, int(self.embed.shape[1])), True
-            lanes = self._lanes
+        lanes = None if native is None else lean_native.sum_lanes(native, int(self.embed.shape[1]))
 
         def add_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
