@@ -4,6 +4,7 @@ is not lookupspec, the short prompt set, and an end-to-end run on a tiny model."
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import subprocess
@@ -22,13 +23,14 @@ from lookupspec.benchmarks.http_client import (
     token_gaps,
 )
 from lookupspec.benchmarks.prompts import KINDS, BenchPrompt, load_prompts
-from lookupspec.benchmarks.serve import PROMPT_SETS
+from lookupspec.benchmarks.serve import PROMPT_SETS, pass_keys
 from lookupspec.benchmarks.serve_load import (
     LoadSettings,
     Target,
     closed_loop,
     level_requests,
     parse_metrics,
+    pass_labels,
     pass_order,
     request_body,
     sweep,
@@ -187,6 +189,7 @@ lookupspec_batch_draft_nodes_total{batch_size="4"} 640.0
 lookupspec_spec_decode_num_steps_total 100.0
 lookupspec_spec_decode_num_accepted_tokens_total 150.0
 lookupspec_spec_decode_num_steps_created 1.7e9
+lookupspec_prefix_cache_hit_tokens_total 64.0
 """
 
 
@@ -202,6 +205,7 @@ def test_server_rates_come_from_metric_deltas():
     assert rates["steps_by_batch"] == {1: 10, 4: 40}
     assert rates["draft_nodes_per_sequence_by_batch"] == {1: 5.0, 4: 2.0}
     assert rates["acceptance_length"] == 2.5
+    assert rates["prefix_hit_tokens"] == 32
     assert server_rates({})["decode_tokens_per_s"] is None
 
 
@@ -287,6 +291,45 @@ def test_a_sweep_against_another_server_sends_no_lookup_field_and_reads_no_metri
     assert passes[0]["responses"][1]["text"] == "prompt 1 "
 
 
+def test_a_started_server_gets_one_api_key_per_pass_and_per_warm_up():
+    args = argparse.Namespace(concurrency=[1, 8], modes=["on", "off"], shared_namespace=False)
+    keys = pass_keys(args)
+    assert list(keys) == ["warmup-on", "warmup-off", "1-on", "1-off", "8-off", "8-on"]
+    assert len(set(keys.values())) == len(keys) and keys["8-on"] == "bench-8-on"
+    settings = LoadSettings(levels=(1, 8), modes=("on", "off"))
+    assert pass_labels(settings) == list(keys)
+    assert pass_keys(argparse.Namespace(**{**vars(args), "shared_namespace": True})) == {}
+
+
+def test_every_pass_sends_its_own_key_and_warm_ups_theirs():
+    """The prefix cache is per namespace: a pass that carried an earlier pass's key would find that
+    pass's prompts cached. Each request must carry its own pass's key, the warm-ups theirs."""
+    seen: list[tuple[str | None, str]] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=METRICS)
+        body = json.loads(request.content)
+        mode = "off" if body["lookup"] == {"enabled": False} else "on"
+        seen.append((request.headers.get("authorization"), mode))
+        events = [_chunk("a "), _chunk(finish="length")]
+        sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
+
+    settings = LoadSettings(levels=(1, 2), modes=("on", "off"), max_tokens=4, warmup=2)
+    keys = {label: f"key-{label}" for label in pass_labels(settings)}
+    target = Target("http://ours", "m", True, {"Authorization": "Bearer client-wide"}, pass_keys=keys)
+    asyncio.run(sweep(target, settings, PROMPTS, transport=httpx.MockTransport(handler)))
+    expected = ([("Bearer key-warmup-on", "on")] * 2 + [("Bearer key-warmup-off", "off")] * 2
+                + [("Bearer key-1-on", "on")] * 3 + [("Bearer key-1-off", "off")] * 3
+                + [("Bearer key-2-off", "off")] * 3 + [("Bearer key-2-on", "on")] * 3)
+    assert seen == expected
+    seen.clear()  # without pass keys, the client's own header
+    asyncio.run(sweep(Target("http://ours", "m", True, {"Authorization": "Bearer client-wide"}),
+                      settings, PROMPTS, transport=httpx.MockTransport(handler)))
+    assert {auth for auth, _ in seen} == {"Bearer client-wide"} and len(seen) == 16
+
+
 # --------------------------------------------------------------------------------------- short prompts
 
 
@@ -328,11 +371,15 @@ def test_bench_serve_starts_a_server_and_measures_both_modes_at_each_level(tiny_
     order = [(s["level"], s["mode"]) for s in result["summary"]]
     assert order == [(1, "on"), (1, "off"), (2, "off"), (2, "on")]
     assert result["settings"]["tokenizer_counts_events"] and set(result["rules"]) >= {"itl", "exactness"}
+    assert result["settings"]["namespaces"] == "per-pass" and "a namespace per pass" in proc.stdout
     for p in result["passes"]:
         s = p["summary"]
         assert (s["requests"], s["errors"]) == (3, 0)
         assert s["output_tokens"] == sum(r["completion_tokens"] for r in p["responses"]) > 0
         assert s["server"]["decode_tokens"] > 0 and s["server"]["decode_tokens_per_s"] > 0
+        # a namespace per pass: nothing an earlier pass (or the warm-up) cached is found; in one
+        # namespace every pass after the first found ~99% of its prompt tokens cached
+        assert s["server"]["prefix_hit_tokens"] == 0 and s["server"]["prefill_tokens"] > 0
         assert s["ttft_p50_s"] > 0 and s["itl_p50_s"] is not None
         assert s["busy_tokens_per_s"] > 0  # 3 requests on 1-2 streams: the last is sent after a response
         assert all(r["text"] and r["chunk_s"] and r["speculation"]["steps"] for r in p["responses"])

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,13 +135,14 @@ class StreamedResponse:
         return True
 
 
-async def stream_chat(http: Any, body: dict[str, Any],
-                      path: str = "/v1/chat/completions") -> StreamedResponse:
-    """POST ``body`` (``stream`` is set) on an ``httpx.AsyncClient`` and time its events. HTTP errors
-    and error events are returned in ``error``, not raised; transport errors propagate."""
+async def stream_chat(http: Any, body: dict[str, Any], path: str = "/v1/chat/completions",
+                      headers: Mapping[str, str] | None = None) -> StreamedResponse:
+    """POST ``body`` (``stream`` is set) on an ``httpx.AsyncClient`` and time its events; ``headers``
+    are added to the client's. HTTP errors and error events are returned in ``error``, not raised;
+    transport errors propagate."""
     body = {**body, "stream": True}
     out = StreamedResponse(sent=time.perf_counter())
-    async with http.stream("POST", path, json=body) as r:
+    async with http.stream("POST", path, json=body, headers=dict(headers or {})) as r:
         out.status = r.status_code
         if r.status_code != 200:
             out.error = f"HTTP {r.status_code}: {(await r.aread())[:300].decode(errors='replace')}"

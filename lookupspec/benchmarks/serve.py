@@ -13,7 +13,9 @@ acceptance length and, from /metrics deltas over the pass, the server's decode t
 lookupspec every level runs twice, speculation on (lookup sources --sources) and off
 (lookup.enabled=false), as two back-to-back passes whose order alternates from level to level (on, off;
 then off, on; ...), so drift in the machine's load hits both modes alike. Warm-up requests run first
-and are not counted.
+and are not counted. A server started here gets one API key per pass (and per mode's warm-up), so each
+pass runs in a namespace of its own and finds nothing an earlier pass left in the prefix cache or the
+output store (--shared-namespace: one namespace for all, as before); hits within a pass still count.
 
 Rules (the JSON's `rules` repeats them):
 - TTFT: request sent to the first SSE event with text, queueing included.
@@ -50,11 +52,11 @@ from pathlib import Path
 from typing import Any
 
 from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS, BenchPrompt, load_prompts, select_prompts
-from lookupspec.benchmarks.serve_load import LoadSettings, Target, sweep
+from lookupspec.benchmarks.serve_load import LoadSettings, Target, pass_labels, sweep
 from lookupspec.benchmarks.serve_report import RULES, count_differences, markdown_tables, plot_sweep
 from lookupspec.commands.common import non_negative_int, positive_int
 
-__all__ = ["PROMPT_SETS", "configure", "run"]
+__all__ = ["PROMPT_SETS", "configure", "pass_keys", "run"]
 
 PROMPT_SETS = {"default": DEFAULT_PROMPTS, "short": DEFAULT_PROMPTS.with_name("short_prompts.jsonl")}
 MODES = ("on", "off")
@@ -117,7 +119,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--modes", type=_modes, default=",".join(MODES), help="lookupspec: speculation on, off, or both")
     a("--sources", default="context",
       help="lookup sources when speculation is on; `all`: the server's default, which includes the "
-           "shared output cache, where a prompt's earlier answer makes later levels' drafts perfect")
+           "namespace's output store, where a prompt's earlier answer makes its drafts perfect (across "
+           "levels only with --shared-namespace)")
+    a("--shared-namespace", action="store_true",
+      help="a server started here: run every pass in one namespace. By default each pass (and each "
+           "mode's warm-up) has its own API key and so its own namespace, so no pass finds the prompts "
+           "an earlier pass left in the prefix cache (or, with --sources all, their answers in the "
+           "output store); shared, later passes get those hits. With --url every request carries "
+           "--api-key, and the server's caches are the server's")
     a("--warmup", type=non_negative_int, default=2,
       help="uncounted requests per mode before the sweep (sent at once, with --max-tokens)")
     a("--extra-body", type=_json_object, default={},
@@ -157,9 +166,21 @@ def _token_counter(args: argparse.Namespace, served: bool) -> Callable[[str], in
     return lambda text: len(tok.encode(text, add_special_tokens=False))
 
 
-def _serve_args(args: argparse.Namespace) -> list[str]:
+def pass_keys(args: argparse.Namespace) -> dict[str, str]:
+    """A server started here: pass label -> its API key (the namespace is the label), unless
+    --shared-namespace. Example: --concurrency 1 --modes on -> {"warmup-on": "bench-warmup-on",
+    "1-on": "bench-1-on"}."""
+    if args.shared_namespace:
+        return {}
+    settings = LoadSettings(levels=tuple(args.concurrency), modes=tuple(args.modes))
+    return {label: f"bench-{label}" for label in pass_labels(settings)}
+
+
+def _serve_args(args: argparse.Namespace, keys: dict[str, str]) -> list[str]:
     out = ["--max-batch", str(args.max_batch or max(args.concurrency)),
            "--max-queue", str(max(64, 2 * max(args.concurrency))), "--log-level", "warning"]
+    for label, key in keys.items():
+        out += ["--api-key", f"{key}:{label}"]
     for flag, value in (("--dtype", args.dtype), ("--device", args.device),
                         ("--max-batch-tokens", args.max_batch_tokens),
                         ("--prefill-chunk", args.prefill_chunk), ("--kv-cache-mb", args.kv_cache_mb)):
@@ -204,17 +225,19 @@ def run(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         print(f"error: --tokenizer: {exc}", file=sys.stderr)
         return 2
+    keys = pass_keys(args) if served else {}
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         server = None
         if served:
             log_path = args.server_log or (args.json.with_suffix(".server.log") if args.json else _kept_log())
-            server = ServeProcess(args.model, Path(tmp) / "data", log_path, serve_args=_serve_args(args),
-                                  threads=args.threads)
+            server = ServeProcess(args.model, Path(tmp) / "data", log_path,
+                                  serve_args=_serve_args(args, keys), threads=args.threads,
+                                  api_key=next(iter(keys.values()), None))
         try:  # from here on, whatever happens (a closed stderr included), the server is stopped
             if server is not None:
                 _log(f"starting lookupspec serve on {server.url} (log: {server.log_path}) ...")
                 server.wait_ready()
-            target, settings = _target(args, server)
+            target, settings = _target(args, server, keys)
             if target.lookupspec and count_tokens is None:
                 _log("warning: no tokenizer (--tokenizer): each SSE event counts as one token, so ITL is "
                      "lookupspec's per-step latency")
@@ -230,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     return _report(args, result)
 
 
-def _target(args: argparse.Namespace, server: Any) -> tuple[Target, LoadSettings]:
+def _target(args: argparse.Namespace, server: Any, keys: dict[str, str]) -> tuple[Target, LoadSettings]:
     url = server.url if server is not None else args.url.rstrip("/")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     lookupspec = (args.server_kind == "lookupspec" or
@@ -241,7 +264,7 @@ def _target(args: argparse.Namespace, server: Any) -> tuple[Target, LoadSettings
     settings = LoadSettings(levels=tuple(args.concurrency), modes=modes, max_tokens=args.max_tokens,
                             requests=args.requests, sources=None if sources == ["all"] else tuple(sources),
                             warmup=args.warmup, extra_body=args.extra_body, timeout_s=args.timeout)
-    return Target(url, model, lookupspec, headers), settings
+    return Target(url, model, lookupspec, headers, pass_keys=keys), settings
 
 
 def _first_model(url: str, headers: dict[str, str]) -> str:
@@ -271,6 +294,7 @@ def _result(args: argparse.Namespace, target: Target, settings: LoadSettings, pr
         "settings": {"levels": args.concurrency, "modes": list(settings.modes), "max_tokens": args.max_tokens,
                      "requests": args.requests, "sources": args.sources, "warmup": args.warmup,
                      "extra_body": args.extra_body, "tokenizer_counts_events": tokenizer,
+                     "namespaces": "per-pass" if target.pass_keys else "shared",
                      "reference_level": reference},
         "rules": RULES,
         "summary": [p["summary"] for p in passes],

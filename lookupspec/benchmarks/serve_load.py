@@ -23,8 +23,8 @@ from lookupspec.benchmarks.http_client import StreamedResponse, stream_chat
 from lookupspec.benchmarks.prompts import BenchPrompt
 from lookupspec.benchmarks.serve_report import response_record, summarize_pass
 
-__all__ = ["LoadSettings", "Target", "closed_loop", "level_requests", "parse_metrics", "pass_order",
-           "request_body", "sweep"]
+__all__ = ["LoadSettings", "Target", "closed_loop", "level_requests", "parse_metrics", "pass_label",
+           "pass_labels", "pass_order", "request_body", "sweep"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -38,6 +38,26 @@ class Target:
     model: str  # the `model` of every request
     lookupspec: bool  # speculation on/off passes, `lookup` fields and /metrics
     headers: Mapping[str, str] = field(default_factory=dict)
+    # pass label (``pass_label``) -> the bearer key its requests carry, for a server started with one
+    # key, so one namespace, per pass: no pass finds prompts an earlier one left in the prefix cache
+    pass_keys: Mapping[str, str] = field(default_factory=dict)
+
+    def pass_headers(self, label: str) -> dict[str, str]:
+        """The headers added to the client's for the requests of the pass ``label``."""
+        key = self.pass_keys.get(label)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def pass_label(level: int | None, mode: str) -> str:
+    """A pass's name in ``Target.pass_keys``; ``level`` None: the warm-up of ``mode``.
+    Example: (8, "on") -> "8-on"; (None, "off") -> "warmup-off"."""
+    return f"{'warmup' if level is None else level}-{mode}"
+
+
+def pass_labels(settings: LoadSettings) -> list[str]:
+    """Every label a sweep with ``settings`` uses: the warm-ups, then the passes in run order."""
+    return ([pass_label(None, m) for m in settings.modes]
+            + [pass_label(level, m) for level, m in pass_order(settings.levels, settings.modes)])
 
 
 @dataclass(frozen=True)
@@ -130,12 +150,12 @@ async def _idle_metrics(http: Any, timeout: float = 30.0) -> dict[str, float]:
         await asyncio.sleep(0.05)
 
 
-async def _send(http: Any, body: dict[str, Any]) -> StreamedResponse:
+async def _send(http: Any, body: dict[str, Any], headers: Mapping[str, str]) -> StreamedResponse:
     import httpx
 
     sent = time.perf_counter()
     try:
-        return await stream_chat(http, body)
+        return await stream_chat(http, body, headers=headers)
     except httpx.HTTPError as exc:
         return StreamedResponse(sent=sent, finished=time.perf_counter(), error=f"{type(exc).__name__}: {exc}")
 
@@ -146,10 +166,11 @@ async def _run_pass(http: Any, target: Target, settings: LoadSettings, level: in
     reqs = level_requests(prompts, level, settings.requests)
     before = await _idle_metrics(http) if target.lookupspec else None
     started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    headers = target.pass_headers(pass_label(level, mode))
     t0 = time.perf_counter()
 
     async def send(client: int, _: int, p: BenchPrompt) -> tuple[int, StreamedResponse]:
-        return client, await _send(http, request_body(target, settings, p, mode))
+        return client, await _send(http, request_body(target, settings, p, mode), headers)
 
     results = await closed_loop(reqs, level, send)
     wall = max(r.finished or r.sent for _, r in results) - t0
@@ -183,7 +204,8 @@ async def sweep(target: Target, settings: LoadSettings, prompts: Sequence[BenchP
             # as long as the measured requests: the server's averages (the step-cost model, the chunk
             # budget's steps per sequence) then start from requests like them, not from short ones
             bodies = [request_body(target, settings, p, mode) for p in warm]
-            for r in await asyncio.gather(*(_send(http, b) for b in bodies)):
+            headers = target.pass_headers(pass_label(None, mode))
+            for r in await asyncio.gather(*(_send(http, b, headers) for b in bodies)):
                 if r.error is not None:
                     raise RuntimeError(f"warm-up request failed ({mode_label(mode)}): {r.error}")
         passes = []

@@ -83,6 +83,7 @@ def server_rates(delta: Mapping[str, float]) -> dict[str, Any]:
         "decode_tokens": int(decode_tokens), "decode_s": round(decode_s, 4),
         "decode_tokens_per_s": round(decode_tokens / decode_s, 2) if decode_s > 0 else None,
         "prefill_s": round(g("prefill_seconds_total"), 4), "prefill_tokens": int(g("prefill_tokens_total")),
+        "prefix_hit_tokens": int(g("prefix_cache_hit_tokens_total")),
         "steps": int(steps),
         "mean_batch": round(g("scheduler_step_sequences_total") / steps, 3) if steps else None,
         "mean_rows_per_step": round(g("scheduler_step_rows_total") / steps, 3) if steps else None,
@@ -213,16 +214,18 @@ def markdown_tables(result: Mapping[str, Any]) -> str:
     by = _by(result)
     ref = st["reference_level"]
     counted = "the tokenizer" if st["tokenizer_counts_events"] else "1 token each"
+    spaces = "a namespace per pass" if st.get("namespaces") == "per-pass" else "one namespace for all passes"
     lines = [f"{srv['model']} at {srv['url']} ({srv['kind']}), {result['prompts']['count']} prompts of "
              f"{result['prompts']['file']}, max_tokens {st['max_tokens']}, greedy; "
-             f"ITL events counted with {counted}"]
+             f"ITL events counted with {counted}; {spaces}"]
     for mode in _modes(result):
         label = {"on": f"speculation on (sources: {st['sources']})", "off": "speculation off"}.get(mode, mode)
         lines += ["", f"**{label}**", "",
                   "| streams | requests | output tok/s | vs 1 stream | busy tok/s | req/s | TTFT p50 ms "
                   "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | acceptance length | decode tok/s (server) "
-                  f"| mean batch | differ vs {ref} stream{'s' if ref > 1 else ''} |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| mean batch | prefix-cache hit tokens "
+                  f"| differ vs {ref} stream{'s' if ref > 1 else ''} |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         base = by.get((ref, mode))
         for level in st["levels"]:
             s = by.get((level, mode))
@@ -237,7 +240,7 @@ def markdown_tables(result: Mapping[str, Any]) -> str:
                      _f(s["ttft_p99_s"], ".0f", 1000), _f(s["itl_p50_s"], ".1f", 1000),
                      _f(s["itl_p99_s"], ".1f", 1000), _f(s["acceptance_length"], ".2f"),
                      _f(server.get("decode_tokens_per_s")), _f(server.get("mean_batch"), ".2f"),
-                     _pair(s["exactness"])]
+                     _f(server.get("prefix_hit_tokens"), ".0f"), _pair(s["exactness"])]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     if {"on", "off"} <= set(_modes(result)):
         lines += ["", "**speculation on vs off**", "",

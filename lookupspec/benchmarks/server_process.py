@@ -3,7 +3,8 @@
 The server listens on a free loopback port, writes its stdout and stderr to ``log_path``, and gets
 ``threads`` torch threads through ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` (serve has no flag of its
 own; torch reads them when it starts). ``wait_ready`` polls ``/ready``; ``stop`` sends SIGTERM (the
-server drains) and kills it if it does not exit within a minute.
+server drains) and kills it if it does not exit within a minute. ``api_key``: one of the keys given
+in ``serve_args`` (``--api-key KEY:NAMESPACE``), for the server's own ``/v1`` calls (``model_id``).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ class ServeProcess:
     """``lookupspec serve --model MODEL --port P --data-dir DATA_DIR SERVE_ARGS...``, started at once."""
 
     def __init__(self, model: str, data_dir: Path, log_path: Path, *, serve_args: Sequence[str] = (),
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, api_key: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # for /v1/models
         self.command = [sys.executable, "-m", "lookupspec.cli", "serve", "--model", model,
                         "--port", str(self.port), "--data-dir", str(data_dir), *serve_args]
         env = dict(os.environ)
@@ -63,7 +65,7 @@ class ServeProcess:
     def model_id(self) -> str:
         import httpx
 
-        return httpx.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        return httpx.get(self.url + "/v1/models", headers=self.headers, timeout=10).json()["data"][0]["id"]
 
     def stop(self) -> int | None:
         """SIGTERM, wait for the drain; the exit status (None if it had to be killed)."""
