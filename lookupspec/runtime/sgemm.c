@@ -161,13 +161,14 @@ void lsg_linear(const float *x, long M, long K, const float *wp, long N, const f
     int width = M <= 6 ? 4 : 3;
     int rows = M <= 6 ? 6 : 8;
 #if LSG_ISA != 512
-    /* AVX2 has 16 registers. Up to 4 rows, 2-block tiles of up to 3 rows (the weights read at most
-       twice, as two streams: best for the memory-bound LM head); past that, 1-block tiles of up to 6
-       rows: 12 accumulators, 2 weight registers and the broadcast fit without spilling, where a
-       2-block tile of 3 rows needs 17 registers. Zen 3 EPYC, 2 threads, SmolLM2's shapes: 1.2-1.8x
-       faster from 5 rows on (128 rows of the MLP's up projection 5.1 -> 2.8 ms). */
-    width = M <= 4 ? 2 : 1;
-    rows = M <= 4 ? 3 : 6;
+    /* AVX2 has 16 registers. Past 8 rows (prompt chunks, verified draft trees), 1-block tiles of up
+       to 6 rows: 12 accumulators, 2 weight registers and the broadcast fit without spilling, where a
+       2-block tile of 3 rows needs 17 registers (Zen 3 EPYC, 2 threads, SmolLM2's shapes: 1.3-1.8x
+       faster from 12 rows on; 128 rows of the MLP's up projection 5.1 -> 2.8 ms). Up to 8 rows, the
+       decode steps of a batch, streaming the weights from memory: 2-block tiles of 3 rows, which read
+       two streams at once (as fast or faster there, the LM head most). */
+    width = M <= 8 ? 2 : 1;
+    rows = M <= 8 ? 3 : 6;
 #endif
     if (nthreads < 1) nthreads = 1;
     if (nb < nthreads) nthreads = (int)nb;
