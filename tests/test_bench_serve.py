@@ -292,13 +292,17 @@ def test_a_sweep_against_another_server_sends_no_lookup_field_and_reads_no_metri
 
 
 def test_a_started_server_gets_one_api_key_per_pass_and_per_warm_up():
-    args = argparse.Namespace(concurrency=[1, 8], modes=["on", "off"], shared_namespace=False)
+    args = argparse.Namespace(concurrency=[1, 8], modes=["on", "off"], shared_namespace=False,
+                              server_kind="auto")
     keys = pass_keys(args)
     assert list(keys) == ["warmup-on", "warmup-off", "1-on", "1-off", "8-off", "8-on"]
     assert len(set(keys.values())) == len(keys) and keys["8-on"] == "bench-8-on"
     settings = LoadSettings(levels=(1, 8), modes=("on", "off"))
     assert pass_labels(settings) == list(keys)
     assert pass_keys(argparse.Namespace(**{**vars(args), "shared_namespace": True})) == {}
+    # treated as another server, the passes are `server` passes: their keys must be under those labels
+    other = pass_keys(argparse.Namespace(**{**vars(args), "server_kind": "other"}))
+    assert list(other) == ["warmup-server", "1-server", "8-server"]
 
 
 def test_every_pass_sends_its_own_key_and_warm_ups_theirs():

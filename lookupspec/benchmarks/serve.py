@@ -166,14 +166,20 @@ def _token_counter(args: argparse.Namespace, served: bool) -> Callable[[str], in
     return lambda text: len(tok.encode(text, add_special_tokens=False))
 
 
+def _sweep_modes(args: argparse.Namespace, lookupspec: bool) -> tuple[str, ...]:
+    """The modes every level runs: --modes against lookupspec, the server's own settings otherwise."""
+    return tuple(args.modes) if lookupspec else ("server",)
+
+
 def pass_keys(args: argparse.Namespace) -> dict[str, str]:
     """A server started here: pass label -> its API key (the namespace is the label), unless
-    --shared-namespace. Example: --concurrency 1 --modes on -> {"warmup-on": "bench-warmup-on",
-    "1-on": "bench-1-on"}."""
+    --shared-namespace. The server is lookupspec unless --server-kind other says to treat it as
+    another (auto finds the lookupspec it started). Example: --concurrency 1 --modes on ->
+    {"warmup-on": "bench-warmup-on", "1-on": "bench-1-on"}."""
     if args.shared_namespace:
         return {}
-    settings = LoadSettings(levels=tuple(args.concurrency), modes=tuple(args.modes))
-    return {label: f"bench-{label}" for label in pass_labels(settings)}
+    modes = _sweep_modes(args, args.server_kind != "other")
+    return {label: f"bench-{label}" for label in pass_labels(LoadSettings(tuple(args.concurrency), modes))}
 
 
 def _serve_args(args: argparse.Namespace, keys: dict[str, str]) -> list[str]:
@@ -260,9 +266,9 @@ def _target(args: argparse.Namespace, server: Any, keys: dict[str, str]) -> tupl
                   (args.server_kind == "auto" and _detect_lookupspec(url, headers)))
     model = server.model_id() if server is not None else (args.model or _first_model(url, headers))
     sources = [x.strip() for x in args.sources.split(",") if x.strip()]
-    modes = tuple(args.modes) if lookupspec else ("server",)
-    settings = LoadSettings(levels=tuple(args.concurrency), modes=modes, max_tokens=args.max_tokens,
-                            requests=args.requests, sources=None if sources == ["all"] else tuple(sources),
+    settings = LoadSettings(levels=tuple(args.concurrency), modes=_sweep_modes(args, lookupspec),
+                            max_tokens=args.max_tokens, requests=args.requests,
+                            sources=None if sources == ["all"] else tuple(sources),
                             warmup=args.warmup, extra_body=args.extra_body, timeout_s=args.timeout)
     return Target(url, model, lookupspec, headers, pass_keys=keys), settings
 
