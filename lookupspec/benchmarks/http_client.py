@@ -31,9 +31,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DONE", "StreamedResponse", "parse_sse_line", "percentile", "stream_chat", "token_gaps"]
+__all__ = ["DONE", "StreamedResponse", "bearer", "parse_sse_line", "percentile", "stream_chat", "token_gaps"]
 
 DONE = "[DONE]"
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    """The ``Authorization`` header for an API key; none without one."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

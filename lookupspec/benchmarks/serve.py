@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from lookupspec.benchmarks.http_client import bearer
 from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS, BenchPrompt, load_prompts, select_prompts
 from lookupspec.benchmarks.serve_load import LoadSettings, Target, pass_labels, sweep
 from lookupspec.benchmarks.serve_report import RULES, count_differences, markdown_tables, plot_sweep
@@ -261,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _target(args: argparse.Namespace, server: Any, keys: dict[str, str]) -> tuple[Target, LoadSettings]:
     url = server.url if server is not None else args.url.rstrip("/")
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = bearer(args.api_key)
     lookupspec = (args.server_kind == "lookupspec" or
                   (args.server_kind == "auto" and _detect_lookupspec(url, headers)))
     model = server.model_id() if server is not None else (args.model or _first_model(url, headers))

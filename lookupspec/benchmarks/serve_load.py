@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from lookupspec.benchmarks.http_client import StreamedResponse, stream_chat
+from lookupspec.benchmarks.http_client import StreamedResponse, bearer, stream_chat
 from lookupspec.benchmarks.prompts import BenchPrompt
 from lookupspec.benchmarks.serve_report import response_record, summarize_pass
 
@@ -44,8 +44,7 @@ class Target:
 
     def pass_headers(self, label: str) -> dict[str, str]:
         """The headers added to the client's for the requests of the pass ``label``."""
-        key = self.pass_keys.get(label)
-        return {"Authorization": f"Bearer {key}"} if key else {}
+        return bearer(self.pass_keys.get(label))
 
 
 def pass_label(level: int | None, mode: str) -> str:

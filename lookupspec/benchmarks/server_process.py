@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from lookupspec.benchmarks.http_client import bearer
+
 __all__ = ["ServeProcess", "free_port"]
 
 
@@ -36,7 +38,7 @@ class ServeProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # for /v1/models
+        self.headers = bearer(api_key)  # for /v1/models
         self.command = [sys.executable, "-m", "lookupspec.cli", "serve", "--model", model,
                         "--port", str(self.port), "--data-dir", str(data_dir), *serve_args]
         env = dict(os.environ)
