@@ -346,7 +346,9 @@ class Scheduler:
             slots = len(live) + sum(r.n for r in self._prefilling)
             if live:
                 per_token = self.engine.drafting.steps.chunk_row_s  # measured by the engine
-                budget = self.budget.tokens(self._plain_step(live), slots, per_token)
+                drafting = sum(r.seqs[j].max_draft > 0 for r, j in live)
+                drafting += sum(r.n for r in self._prefilling if r.seqs[0].max_draft > 0)
+                budget = self.budget.tokens(self._plain_step(live), slots, per_token, drafting)
             else:
                 budget = self.budget.idle()
             self.stats.prefill_budget = budget
@@ -501,7 +503,7 @@ class Scheduler:
             self._running = [(r, k) for r, k in self._running if not (r is req and k == j)]
             if self.budget is not None:
                 prefilled = (len(seq.prompt) - seq.stats.cached_tokens) / req.n  # its share of the prefill
-                self.budget.observe_sequence(prefilled, seq.stats.steps)
+                self.budget.observe_sequence(prefilled, seq.stats.steps, seq.max_draft > 0)
 
     def _end_choice(self, req: Request, j: int, error: BaseException) -> None:
         if j < len(req.seqs):

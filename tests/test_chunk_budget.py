@@ -75,3 +75,21 @@ def test_the_floor_may_pass_the_block_up_to_the_ceiling_and_an_idle_forward_take
     assert ChunkBudget(128, stretch=0, ceiling=256).idle() == 128  # stretch off: whole blocks always
     assert ChunkBudget(128, stretch=2.0, ceiling=64).ceiling == 128  # never below the block
     assert ChunkBudget(128, stretch=2.0).idle() == 128
+
+
+def test_each_slot_counts_with_its_own_class_of_steps() -> None:
+    """Plain sequences decode 128 tokens in 128 steps, speculating ones in ~56: after a run of
+    speculating sequences, plain slots still get the plain floor (1.5 * 720 / 128 a slot, 8 slots: 72
+    tokens a forward), not the speculating one (160); a mix counts each slot with its class; a class
+    not seen yet borrows the other's."""
+    b = ChunkBudget(128, stretch=2.0, memory=0.7, ceiling=256)
+    rate = 0.0015
+    b.observe_sequence(720, 128, speculating=False)
+    assert b.tokens(0.01, slots=8, per_token=rate, speculating=8) == 72  # no speculating one seen yet
+    for _ in range(10):
+        b.observe_sequence(720, 56, speculating=True)
+    assert b.steps == {False: 128.0, True: pytest.approx(56.0, abs=0.1)}
+    assert b.tokens(0.01, slots=8, per_token=rate) == 72  # 8 plain slots
+    assert b.tokens(0.01, slots=8, per_token=rate, speculating=8) == 160  # 155 -> 160
+    assert b.tokens(0.01, slots=8, per_token=rate, speculating=4) == 112  # 1.5 * 720 * (4/128 + 4/56) = 111
+    assert b.tokens(0.01, slots=8, per_token=rate, speculating=20) == 160  # at most every slot

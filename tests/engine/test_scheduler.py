@@ -282,9 +282,9 @@ def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
     prices: list[tuple[float | None, float | None]] = []  # (price passed, the engine's price then)
     sized = sched.budget.tokens
 
-    def tokens(plain_step_s, slots=1, per_token=None):
+    def tokens(plain_step_s, slots=1, per_token=None, speculating=0):
         prices.append((per_token, engine.drafting.steps.chunk_row_s))
-        return sized(plain_step_s, slots, per_token)
+        return sized(plain_step_s, slots, per_token, speculating)
 
     sched.budget.tokens = tokens
     serve(sched)
