@@ -30,8 +30,10 @@ keeps its chunks whole: without it, 8 speculating streams of 726-token prompts r
 of 3.4 of 8 (TTFT p50 8.4x one stream's). ``D`` is kept apart for speculating and plain sequences
 and each slot counts with its own class's (the sum of ``P / D`` over the slots): with one average,
 plain requests that followed a run of speculating ones were given the speculating ones' floor, twice
-the tokens they needed, until enough of them had finished (measured on a Zen 5 EPYC, 8 plain streams
-after 8 speculating ones: forwards of 83-126 ms for the first five seconds instead of ~80 ms).
+the tokens they needed, until enough of them had finished (a Zen 5 EPYC, 8 plain streams of the
+default prompts after 8 speculating ones: the first round's streams saw gaps of up to 140-190 ms,
+where they see up to ~105 ms with the floor by class; inter-token p99 of the pass 108-118 ms against
+~100).
 
 The stretch's tokens stay within ``[minimum, block]`` (``block``: ``--prefill-chunk``). The floor may
 pass the block, up to a ``ceiling`` (the scheduler's: two blocks, within ``--max-batch-tokens``): with
