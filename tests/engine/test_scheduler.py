@@ -282,8 +282,11 @@ def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
     prices: list[tuple[float | None, float | None]] = []  # (price passed, the engine's price then)
     sized = sched.budget.tokens
 
+    classes: list[tuple[int, int]] = []  # (slots, speculating slots) per budget asked
+
     def tokens(plain_step_s, slots=1, per_token=None, speculating=0):
         prices.append((per_token, engine.drafting.steps.chunk_row_s))
+        classes.append((slots, speculating))
         return sized(plain_step_s, slots, per_token, speculating)
 
     sched.budget.tokens = tokens
@@ -293,6 +296,10 @@ def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
     # the chunk's price is the engine's one measurement (the drafting policy's too); the forwards
     # with no step only seed it
     assert prices and all(given == measured for given, measured in prices)
+    # every request drafts: every slot counts as speculating, and the finished ones' steps are kept
+    # as the speculating class's
+    assert classes and all(spec == slots for slots, spec in classes)
+    assert set(sched.budget.steps) == {True}
     assert any(given is not None for given, _ in prices) and sched.budget.alone is not None
     assert all(n == min(64, left) for small, n, left in sizes if not small)  # the ceiling, filled
     assert any(n == 64 for small, n, _ in sizes if not small)
