@@ -53,6 +53,8 @@ class GatewayConfig:
     drain_timeout_s: on SIGTERM, how long in-flight requests may take before they are cancelled.
     max_model_len: caps the context window below the model's (None: the model's own).
     output_cap_tokens: size of each namespace's output store (lookup index of earlier outputs).
+    trace_iterations: a file to append one JSON line per scheduler iteration to
+    (``lookupspec.iteration_trace``; None: no trace).
     """
 
     model_name: str
@@ -68,6 +70,7 @@ class GatewayConfig:
     max_model_len: int | None = None
     output_cap_tokens: int = 1_000_000
     limits: Limits = field(default_factory=Limits)
+    trace_iterations: str | None = None
 
     def __post_init__(self) -> None:
         if not self.model_name:

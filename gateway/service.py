@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from lookupspec.iteration_trace import IterationTrace
 from lookupspec.scheduler import Cancelled, DeadlineExceeded, Request, Scheduler
 from lookupspec.sequence import StepOutput
 from lookupspec.stats import AggregateStats, RequestStats
@@ -151,9 +152,10 @@ class GatewayService:
         self.context_window = min(window, config.max_model_len) if config.max_model_len else window
         self.aggregate = AggregateStats()
         self.started_at = time.time()
+        self.trace = IterationTrace(config.trace_iterations) if config.trace_iterations else None
         self.scheduler = Scheduler(self.engine, max_batch=config.max_batch,
                                    max_batch_tokens=config.max_batch_tokens,
-                                   prefill_stretch=config.prefill_stretch)
+                                   prefill_stretch=config.prefill_stretch, trace=self.trace)
         self._lock = threading.Lock()
         self._draining = False
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="output-append")
@@ -193,6 +195,8 @@ class GatewayService:
             time.sleep(0.01)  # let the loop end them with their 503 before it stops
         self.scheduler.stop(timeout)
         self._writer.shutdown(wait=True)
+        if self.trace is not None:
+            self.trace.close()
 
     # ---- admission --------------------------------------------------------------------------
 

@@ -37,10 +37,11 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from lookupspec.chunk_budget import ChunkBudget
 from lookupspec.engine import Engine
+from lookupspec.iteration_trace import IterationTrace
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.runtime import PoolFull
 from lookupspec.sequence import SequenceState, StepOutput
@@ -146,10 +147,13 @@ class Scheduler:
     drafting policy's own choice). ``max_waiting``: requests that may wait for a slot (None: no limit);
     :meth:`submit` raises :class:`QueueFull` past it. ``prefill_stretch``: while sequences decode, a
     forward carrying prompt chunks may take about this many times a plain step of the batch (see
-    :mod:`lookupspec.chunk_budget`; 0: whole ``prefill_chunk`` chunks always)."""
+    :mod:`lookupspec.chunk_budget`; 0: whole ``prefill_chunk`` chunks always). ``trace``: where to
+    write one record per iteration that ran a forward (:mod:`lookupspec.iteration_trace`; the caller
+    closes it)."""
 
     def __init__(self, engine: Engine, *, max_batch: int = 16, max_batch_tokens: int | None = None,
-                 max_waiting: int | None = None, prefill_stretch: float = 2.5) -> None:
+                 max_waiting: int | None = None, prefill_stretch: float = 2.5,
+                 trace: IterationTrace | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         chunk = engine.prefill_chunk
@@ -164,6 +168,8 @@ class Scheduler:
         if chunk is not None:
             self.budget = ChunkBudget(chunk, prefill_stretch, ceiling=self._ceiling(chunk))
         self.stats = SchedulerStats()
+        self.trace = trace
+        self._traced: dict[str, Any] | None = None  # the last forward's record, for the trace
         self._cond = threading.Condition()
         self._inbox: collections.deque[Request] = collections.deque()
         self._waiting: collections.deque[Request] = collections.deque()
@@ -283,7 +289,10 @@ class Scheduler:
         now = time.perf_counter()
         self._drop_cancelled(now)
         admitted = self._admit()
+        self._traced = None
         ran = self._iterate()
+        if self.trace is not None and self._traced is not None:
+            self.trace.record(iteration_s=time.perf_counter() - now, **self._traced)
         return admitted or ran
 
     # ---- parts of an iteration --------------------------------------------------------------------
@@ -396,6 +405,11 @@ class Scheduler:
         if self.max_batch_tokens is not None and live:
             max_rows = max(len(seqs), self.max_batch_tokens - prefilled)
         before = [req.seqs[0].prefilled for req, _ in chunks]
+        if self.trace is not None:
+            self._traced = {"forward_s": None, "decode_s": None, "sequences": len(live), "rows": len(live),
+                            "draft_nodes": 0, "tokens": 0, "chunk_tokens": prefilled, "chunks": len(chunks),
+                            "budget": self.stats.prefill_budget if chunks else None,
+                            "waiting": len(self._waiting), "prefilling": len(self._prefilling)}
         try:
             it = self.engine.iterate(seqs, [(req.seqs[0], size) for req, size in chunks], max_rows)
         except Exception:
@@ -406,8 +420,10 @@ class Scheduler:
                 self._prefill_alone(req, size)
             if live:
                 t0 = time.perf_counter()
-                self._observe(live, self._step_alone(live), time.perf_counter() - t0)
+                self._note_step(*self._observe(live, self._step_alone(live), time.perf_counter() - t0))
             return True
+        if self._traced is not None:
+            self._traced.update(forward_s=it.seconds, decode_s=it.decode_s)
         self.stats.prefill_s += it.seconds - it.decode_s
         if chunks and not live and self.budget is not None:  # seeds the chunk's price until the
             self.budget.observe_alone(prefilled, it.seconds)  # engine measures it in shared forwards
@@ -415,8 +431,12 @@ class Scheduler:
             self._prefilled(req, first, start)
         if live:
             self.stats.shared_forwards += bool(chunks)
-            self._observe(live, list(it.steps), it.decode_s)
+            self._note_step(*self._observe(live, list(it.steps), it.decode_s))
         return True
+
+    def _note_step(self, nodes: int, tokens: int) -> None:
+        if self._traced is not None:
+            self._traced.update(rows=self._traced["sequences"] + nodes, draft_nodes=nodes, tokens=tokens)
 
     def _prefill_alone(self, req: Request, size: int) -> None:
         seq = req.seqs[0]
@@ -456,13 +476,15 @@ class Scheduler:
         self._prefilling.remove(req)
 
     def _observe(self, live: list[tuple[Request, int]], outs: list[StepOutput | None],
-                 seconds: float) -> None:
+                 seconds: float) -> tuple[int, int]:
+        """Count a step and deliver its outputs; returns its draft nodes and emitted tokens."""
         nodes = sum(o.draft_tokens for o in outs if o is not None)
         tokens = sum(len(o.tokens) for o in outs if o is not None)
         self.stats.observe_step(len(live), len(live) + nodes, nodes, seconds, tokens)
         for (req, j), out in zip(live, outs, strict=True):
             if out is not None:
                 self._deliver(req, j, out)
+        return nodes, tokens
 
     def _step_alone(self, live: list[tuple[Request, int]]) -> list[StepOutput | None]:
         """After a failed batched step: each sequence alone, so that only a failing one ends."""

@@ -133,6 +133,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
            "the streams' inter-token gaps even and slows prefill, higher the opposite; 0 always prefills "
            "whole chunks. Needs a chunk-invariant forward (the native CPU attention); elsewhere chunks stay "
            "whole [env LOOKUPSPEC_PREFILL_STRETCH]")
+    a("--trace-iterations", default=_env("TRACE_ITERATIONS", None), metavar="FILE",
+      help="append one JSON line per scheduler iteration to FILE: the forward's time and the decode "
+           "step's share, sequences, rows and draft nodes, the prompt tokens it prefilled and the chunk "
+           "budget, requests waiting; for finding what a long inter-token gap or a slow first token "
+           "waited on (a few microseconds an iteration) [env LOOKUPSPEC_TRACE_ITERATIONS]")
     a("--prefix-cache-mb", type=_non_negative, default=_env("PREFIX_CACHE_MB", 512, int),
       help="memory for the prefix cache: the KV of recent prompts' whole blocks, reused by prompts "
            "of the same namespace that start alike (a shared system prompt, the same retrieved passages); "
@@ -314,7 +319,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
             max_queue=args.max_queue, max_batch=args.max_batch, max_batch_tokens=args.max_batch_tokens,
             prefill_stretch=args.prefill_stretch, request_timeout_s=args.request_timeout,
             drain_timeout_s=max(args.drain_timeout, 0.0), max_model_len=args.max_model_len,
-            output_cap_tokens=args.output_cap_tokens, limits=limits)
+            output_cap_tokens=args.output_cap_tokens, limits=limits, trace_iterations=args.trace_iterations)
         service = build_service(te, store, config)
         spec = te.engine.default_spec
         _say(f"model: {config.model_name} ({te.loaded.path}), {te.loaded.dtype} on {args.device}, "

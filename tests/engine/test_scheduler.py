@@ -3,6 +3,7 @@ n choices share a prefill; cancellation, deadlines, failures and shutdown end on
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -12,6 +13,7 @@ from scripted import ScriptedDrafting
 
 from lookupspec.adaptive import BudgetPolicy
 from lookupspec.engine import Engine
+from lookupspec.iteration_trace import IterationTrace
 from lookupspec.params import GenerationParams, SpecParams
 from lookupspec.runtime import pack_linears, packing_available
 from lookupspec.sampling import SamplingParams
@@ -84,10 +86,17 @@ def _drain(sched, sinks, limit=2000):
     raise AssertionError("the scheduler did not finish")
 
 
-def test_requests_run_together_and_each_gets_its_own_tokens(model) -> None:
+def _records(path) -> list[dict]:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert "start" in lines[0]
+    return lines[1:]
+
+
+def test_requests_run_together_and_each_gets_its_own_tokens(model, tmp_path) -> None:
     requests = _requests()
     engine, truth = _engine(model, requests, prefill_chunk=16)
-    sched = Scheduler(engine, max_batch=3, max_batch_tokens=64)
+    trace = IterationTrace(tmp_path / "trace.jsonl")
+    sched = Scheduler(engine, max_batch=3, max_batch_tokens=64, trace=trace)
     sinks = [Collect() for _ in requests]
     for (prompt, params), sink in zip(requests, sinks, strict=True):
         sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=6))
@@ -114,6 +123,20 @@ def test_requests_run_together_and_each_gets_its_own_tokens(model) -> None:
     assert engine.drafting.steps.chunk_row_s > 0
     assert st.prefill_s > 0 and st.decode_s > 0
     assert engine.runner.pool.in_use() == 0
+    # the trace has one record per forward, and they add up to what ran
+    trace.close()
+    recs = _records(tmp_path / "trace.jsonl")
+    assert sum(r["sequences"] > 0 for r in recs) == st.steps
+    assert sum(r["chunk_tokens"] for r in recs) == sum(len(p) for p, _ in requests)
+    # every token but each request's first (its prefill's) came from a step
+    assert sum(r["tokens"] for r in recs) == sum(len(s.tokens) for s in sinks) - len(requests)
+    assert sum(r["draft_nodes"] for r in recs) == st.step_rows - st.step_seqs
+    assert sum(r["sequences"] > 0 and r["chunks"] > 0 for r in recs) == st.shared_forwards
+    for r in recs:
+        assert r["rows"] == r["sequences"] + r["draft_nodes"] and r["rows"] + r["chunk_tokens"] <= 64
+        assert 0 <= r["decode_s"] <= r["forward_s"] <= r["iteration_s"]
+        assert (r["budget"] is None) == (r["chunks"] == 0) and r["waiting"] >= 0
+    assert [r["t"] for r in recs] == sorted(r["t"] for r in recs)
 
 
 def test_n_choices_share_one_prefill(model) -> None:
@@ -164,13 +187,14 @@ def test_cancel_deadline_stop_and_failure_end_only_their_own_request(model) -> N
     assert engine.runner.pool.in_use() == 0
 
 
-def test_a_shared_forward_that_fails_is_retried_in_parts(model) -> None:
+def test_a_shared_forward_that_fails_is_retried_in_parts(model, tmp_path) -> None:
     """A forward carrying prompt chunks and a step raises (once, after writing its KV): the chunks are
     rolled back and run alone, the step runs sequence by sequence, and every request still gets its
     own tokens."""
     requests = _requests(4)
     engine, truth = _engine(model, requests, prefill_chunk=8)
-    sched = Scheduler(engine, max_batch=4)
+    trace = IterationTrace(tmp_path / "trace.jsonl")
+    sched = Scheduler(engine, max_batch=4, trace=trace)
     sinks = [Collect() for _ in requests]
     for (prompt, params), sink in zip(requests, sinks, strict=True):
         sched.submit(prompt, [(params, sink)], SpecParams(max_draft_tokens=4))
@@ -190,6 +214,12 @@ def test_a_shared_forward_that_fails_is_retried_in_parts(model) -> None:
     assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
     assert all(s.error is None for s in sinks)
     assert engine.runner.pool.in_use() == 0
+    # the failed forward has its record, with no forward time (its parts ran alone)
+    trace.close()
+    recs = _records(tmp_path / "trace.jsonl")
+    broken = [r for r in recs if r["forward_s"] is None]
+    assert len(broken) == 1 and broken[0]["chunks"] > 0 and broken[0]["tokens"] >= broken[0]["sequences"]
+    assert all(r["forward_s"] > 0 for r in recs if r is not broken[0])
 
 
 def test_threads_submit_concurrently_and_stop_cancels_the_rest(model) -> None:

@@ -6,6 +6,7 @@ requests get their 4xx without disturbing the running batch; the metrics show ba
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -18,8 +19,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory) -> Gateway:
-    g = Gateway(tiny_model, tmp_path_factory.mktemp("batching"), name="batching",
-                args=["--max-batch", "8", "--max-queue", "64", "--prefill-chunk", "64"])
+    root = tmp_path_factory.mktemp("batching")
+    g = Gateway(tiny_model, root, name="batching",
+                args=["--max-batch", "8", "--max-queue", "64", "--prefill-chunk", "64",
+                      "--trace-iterations", str(root / "trace.jsonl")])
     g.start().wait_ready()
     yield g
     g.stop()
@@ -90,6 +93,19 @@ def test_32_streams_with_cancellations_deadlines_and_bad_requests(server: Gatewa
     assert 16 <= m["lookupspec_scheduler_prefill_budget_tokens"] <= 128
     assert any(f'lookupspec_batch_steps_total{{batch_size="{b}"}}' in m for b in (6, 7, 8))
     assert m.get('lookupspec_requests_aborted_total{reason="engine_error"}', 0) == 0
+    # --trace-iterations: a record per forward, in the file as the server runs (the last one lands
+    # just after its iteration's outputs); they count the steps
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [json.loads(line) for line in (server.workdir / "trace.jsonl").read_text().splitlines()]
+        recs = lines[1:]
+        if sum(r["sequences"] > 0 for r in recs) == m["lookupspec_scheduler_steps_total"]:
+            break
+        assert time.monotonic() < deadline, (len(recs), m["lookupspec_scheduler_steps_total"])
+        time.sleep(0.05)
+    assert "start" in lines[0]
+    assert all(r["forward_s"] > 0 for r in recs) and max(r["sequences"] for r in recs) >= 6
+    assert any(r["sequences"] and r["chunk_tokens"] for r in recs)  # chunks rode on steps
 
 
 def test_a_deadline_ends_only_its_own_request(gateways, text_engine) -> None:
