@@ -23,7 +23,8 @@ def test_every_setting_comes_from_the_environment_too(monkeypatch: pytest.Monkey
            "LOOKUPSPEC_REDIS_URL": "redis://r:1/0", "LOOKUPSPEC_API_KEYS": "k1:alpha, k2:beta",
            "LOOKUPSPEC_MAX_QUEUE": "3", "LOOKUPSPEC_REQUEST_TIMEOUT": "12.5", "LOOKUPSPEC_DRAIN_TIMEOUT": "4",
            "LOOKUPSPEC_MAX_MODEL_LEN": "512", "LOOKUPSPEC_ADMIN_KEY": "sk-admin",
-           "LOOKUPSPEC_REDIS_OUTPUT_BUFFER_LIMIT": "77", "LOOKUPSPEC_PREFILL_STRETCH": "3.5"}
+           "LOOKUPSPEC_REDIS_OUTPUT_BUFFER_LIMIT": "77", "LOOKUPSPEC_PREFILL_STRETCH": "3.5",
+           "LOOKUPSPEC_TRACE_ITERATIONS": str(tmp_path / "trace.jsonl")}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     args = parse()
@@ -32,6 +33,7 @@ def test_every_setting_comes_from_the_environment_too(monkeypatch: pytest.Monkey
     assert (args.request_timeout, args.drain_timeout, args.max_model_len) == (12.5, 4.0, 512)
     assert (args.admin_key, args.redis_output_buffer_limit, args.prefill_stretch) == ("sk-admin", 77, 3.5)
     assert args.api_keys is None and args.env_api_keys == ["k1:alpha", "k2:beta"]
+    assert args.trace_iterations == str(tmp_path / "trace.jsonl")
     # flags win over the environment
     args = parse("--max-queue", "7", "--api-key", "k9:gamma")
     assert args.max_queue == 7 and args.api_keys == ["k9:gamma"]
@@ -43,6 +45,18 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     args = parse()
     assert args.redis_url is None and args.api_keys is None and args.env_api_keys == []
     assert args.max_queue == 64 and args.port == 8000
+    assert args.trace_iterations is None
+
+
+def test_the_warm_up_does_the_first_requests_lazy_work(tiny_model) -> None:
+    """Before the server is ready: a generation, the prompt byte bound (a parse of the tokenizer's
+    JSON, ~0.4 s for SmolLM2, which the first request used to pay) and a chat prompt."""
+    from lookupspec.text import TextEngine
+
+    te = TextEngine.load(str(tiny_model))
+    assert "prompt_bound" not in te.__dict__
+    serve._warm_up(te)
+    assert "prompt_bound" in te.__dict__
 
 
 def test_api_keys_map_to_namespaces() -> None:
