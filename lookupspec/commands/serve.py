@@ -65,6 +65,18 @@ def _stretch(text: str) -> float:
     return value
 
 
+def _writable_file(text: str) -> str:
+    """A file this process can append to (its directory created); checked before anything loads."""
+    path = Path(text).expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot append to {text!r}: {exc.strerror or exc}") from None
+    return str(path)
+
+
 def _stretched(te: Any, stretch: float) -> str:
     """How prompt chunks follow the load, for the start-up line."""
     if not stretch:
@@ -133,7 +145,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
            "the streams' inter-token gaps even and slows prefill, higher the opposite; 0 always prefills "
            "whole chunks. Needs a chunk-invariant forward (the native CPU attention); elsewhere chunks stay "
            "whole [env LOOKUPSPEC_PREFILL_STRETCH]")
-    a("--trace-iterations", default=_env("TRACE_ITERATIONS", None), metavar="FILE",
+    a("--trace-iterations", type=_writable_file, default=_env("TRACE_ITERATIONS", None, _writable_file),
+      metavar="FILE",
       help="append one JSON line per scheduler iteration to FILE: the forward's time and the decode "
            "step's share, sequences, rows and draft nodes, the prompt tokens it prefilled and the chunk "
            "budget, requests waiting; for finding what a long inter-token gap or a slow first token "

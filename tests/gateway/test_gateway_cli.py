@@ -106,3 +106,15 @@ def test_a_prefix_block_size_is_at_most_the_prefill_chunk(monkeypatch: pytest.Mo
     args = parse("--prefix-block-size", "256", "--prefill-chunk", "128", "--model", "./does-not-exist")
     assert serve.run(args) == 2
     assert "--prefix-block-size (256) must be at most --prefill-chunk (128)" in capsys.readouterr().err
+
+
+def test_a_trace_file_that_cannot_be_written_is_an_error_before_loading(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as err:
+        parse("--trace-iterations", str(blocker / "trace.jsonl"))  # its directory is a file
+    assert err.value.code == 2
+    assert "--trace-iterations: cannot append to" in capsys.readouterr().err
+    path = tmp_path / "new" / "dir" / "trace.jsonl"
+    assert parse("--trace-iterations", str(path)).trace_iterations == str(path) and path.parent.is_dir()
