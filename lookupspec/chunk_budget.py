@@ -101,7 +101,7 @@ class ChunkBudget:
         """The sum over the slots of 1 / their class's steps (a class not seen yet: the other's)."""
         plain = self.steps.get(False, self.steps.get(True))
         spec = self.steps.get(True, plain)
-        if plain is None or spec is None or plain <= 0 or spec <= 0:
+        if plain is None or spec is None:  # nothing finished yet (averages are of steps > 0)
             return None
         speculating = max(0, min(slots, speculating))
         return (slots - speculating) / plain + speculating / spec

@@ -420,7 +420,7 @@ class Scheduler:
                 self._prefill_alone(req, size)
             if live:
                 t0 = time.perf_counter()
-                self._note_step(*self._observe(live, self._step_alone(live), time.perf_counter() - t0))
+                self._observe(live, self._step_alone(live), time.perf_counter() - t0)
             return True
         if self._traced is not None:
             self._traced.update(forward_s=it.seconds, decode_s=it.decode_s)
@@ -431,12 +431,8 @@ class Scheduler:
             self._prefilled(req, first, start)
         if live:
             self.stats.shared_forwards += bool(chunks)
-            self._note_step(*self._observe(live, list(it.steps), it.decode_s))
+            self._observe(live, list(it.steps), it.decode_s)
         return True
-
-    def _note_step(self, nodes: int, tokens: int) -> None:
-        if self._traced is not None:
-            self._traced.update(rows=self._traced["sequences"] + nodes, draft_nodes=nodes, tokens=tokens)
 
     def _prefill_alone(self, req: Request, size: int) -> None:
         seq = req.seqs[0]
@@ -476,15 +472,16 @@ class Scheduler:
         self._prefilling.remove(req)
 
     def _observe(self, live: list[tuple[Request, int]], outs: list[StepOutput | None],
-                 seconds: float) -> tuple[int, int]:
-        """Count a step and deliver its outputs; returns its draft nodes and emitted tokens."""
+                 seconds: float) -> None:
+        """Count a step (in the stats and the trace's record) and deliver its outputs."""
         nodes = sum(o.draft_tokens for o in outs if o is not None)
         tokens = sum(len(o.tokens) for o in outs if o is not None)
         self.stats.observe_step(len(live), len(live) + nodes, nodes, seconds, tokens)
+        if self._traced is not None:
+            self._traced.update(rows=len(live) + nodes, draft_nodes=nodes, tokens=tokens)
         for (req, j), out in zip(live, outs, strict=True):
             if out is not None:
                 self._deliver(req, j, out)
-        return nodes, tokens
 
     def _step_alone(self, live: list[tuple[Request, int]]) -> list[StepOutput | None]:
         """After a failed batched step: each sequence alone, so that only a failing one ends."""
