@@ -42,23 +42,23 @@ class IterationTrace:
         self._file = self.path.open("a", encoding="utf-8", buffering=1)
         self._lock = threading.Lock()
         self._started = time.perf_counter()
-        self.records = 0
+        self.records = 0  # iteration records written
         self._write({"start": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "unix": round(time.time(), 3)})
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _write(self, record: dict[str, Any]) -> bool:
         line = json.dumps(record, separators=(",", ":"))
         with self._lock:
             if self._file.closed:
-                return
+                return False
             self._file.write(line + "\n")
+            return True
 
     def record(self, **fields: Any) -> None:
         """One iteration's record; ``t`` (seconds since the trace started) is added first."""
         out: dict[str, Any] = {"t": round(time.perf_counter() - self._started, 6)}
         for key, value in fields.items():
             out[key] = round(value, 6) if isinstance(value, float) else value
-        self._write(out)
-        self.records += 1
+        self.records += self._write(out)
 
     def close(self) -> None:
         """Close the file (later records are dropped)."""

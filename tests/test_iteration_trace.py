@@ -29,4 +29,5 @@ def test_records_are_appended_line_by_line_and_survive_a_restart(tmp_path) -> No
     again.close()
     lines = _lines(path)
     assert [("start" in r) for r in lines] == [True, False, True, False]
-    assert lines[-1]["forward_s"] == 0.5 and trace.records == 2 and again.records == 1
+    # the record after close was dropped, and is not counted as written
+    assert lines[-1]["forward_s"] == 0.5 and trace.records == 1 and again.records == 1
