@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -224,3 +225,37 @@ def test_bench_linear_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
         "products, 1 rows", "products, 8 rows", "forward, 1 seqs x 1 rows, 20 cached",
         "forward, 2 seqs x 3 rows, 20 cached", "forward, 128-token chunk + 8 one-row seqs, 20 cached"]
     assert all(r["onednn_ms"] > 0 and r["stream_ms"] > 0 for r in rows)
+
+
+def test_bench_linear_chunk_forward_keeps_the_logits_the_engine_keeps(tiny_models, tmp_path, monkeypatch):
+    """The chunk forward's figure is a serving step's: logits of the 8 step rows and of the chunk's
+    last row, not the LM head over all 136 rows (which the engine never computes)."""
+    import argparse
+
+    from lookupspec.benchmarks import linear
+    from lookupspec.runtime import cpu_gemm
+    from lookupspec.runtime.runner import ModelRunner
+
+    if cpu_gemm.kernel() is None:
+        pytest.skip(f"the streaming kernel does not build here: {cpu_gemm.kernel_error()}")
+    calls = []
+    forward = ModelRunner.forward
+
+    def spy(self, seqs, keep=None):
+        out = forward(self, seqs, keep)
+        calls.append(([len(s.tokens) for s in seqs], None if keep is None else keep.tolist(), out.shape[0]))
+        return out
+
+    monkeypatch.setattr(ModelRunner, "forward", spy)
+    # run() sets the backend's variable for each model it loads: restored after the test
+    monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", os.environ.get("LOOKUPSPEC_CPU_LINEAR", "auto"))
+    parser = argparse.ArgumentParser()
+    linear.configure(parser)
+    args = parser.parse_args(["--model", str(tiny_models["tiny-llama"]), "--rows", "1", "--steps", "1x1",
+                              "--contexts", "20", "--rounds", "1", "--json", str(tmp_path / "a.json")])
+    assert linear.run(args) == 0
+    chunks = [c for c in calls if c[0] == [1] * 8 + [128]]
+    assert len(chunks) == 4  # two rounds (one a warm-up) x two linear backends
+    assert all(keep == [*range(8), 135] and rows == 9 for _, keep, rows in chunks)
+    steps = [c for c in calls if c[0] == [1]]
+    assert steps and all(keep is None and rows == 1 for _, keep, rows in steps)

@@ -7,7 +7,8 @@ Two measurements, both backends interleaved round by round in one process, media
   fused, then o and down, then the LM head) on ``--rows`` rows, back to back: what a forward's
   matmuls cost alone.
 - ``forwards``: the runner's forward over B sequences x rows at ``--contexts`` cached tokens, and a
-  forward carrying a 128-token prompt chunk with 8 one-row sequences: what a step costs. The model
+  forward carrying a 128-token prompt chunk with 8 one-row sequences, which keeps the logits the
+  engine keeps (the step's rows and the chunk's last row): what a step costs. The model
   is loaded once per linear backend; the attention backends share one model (the setting is read
   at every forward), and the products, which they do not touch, are skipped.
 
@@ -152,13 +153,16 @@ def run(args: argparse.Namespace) -> int:
                     else:
                         ctx = c[1]
                         sl = slots[be][ctx]
+                        keep = None
                         if c[0] == "chunk":
                             seqs = [SeqRows(sl[i], ids[ctx + 1: ctx + 2]) for i in range(c[2])]
                             seqs.append(SeqRows(sl[c[2]], ids[ctx: ctx + 128]))
+                            # as the engine: no LM head over the chunk's other 127 rows (~14% of it)
+                            keep = torch.tensor([*range(c[2]), c[2] + 127], device=engine.runner.device)
                         else:
                             seqs = [SeqRows(sl[i], ids[ctx: ctx + c[3]]) for i in range(c[2])]
                         t0 = time.perf_counter()
-                        engine.runner.forward(seqs)
+                        engine.runner.forward(seqs, keep)
                         dt = time.perf_counter() - t0
                         for s in seqs:
                             engine.runner.pool.truncate(s.slot, ctx)
