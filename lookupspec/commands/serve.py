@@ -145,7 +145,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
            "the streams' inter-token gaps even and slows prefill, higher the opposite; 0 always prefills "
            "whole chunks. Needs a chunk-invariant forward (the native CPU attention); elsewhere chunks stay "
            "whole [env LOOKUPSPEC_PREFILL_STRETCH]")
-    a("--trace-iterations", type=_writable_file, default=_env("TRACE_ITERATIONS", None, _writable_file),
+    # the environment's value stays a string: argparse checks (and creates) it only when the flag is absent
+    a("--trace-iterations", type=_writable_file, default=_env("TRACE_ITERATIONS", None),
       metavar="FILE",
       help="append one JSON line per scheduler iteration to FILE: the forward's time and the decode "
            "step's share, sequences, rows and draft nodes, the prompt tokens it prefilled and the chunk "

@@ -118,3 +118,23 @@ def test_a_trace_file_that_cannot_be_written_is_an_error_before_loading(
     assert "--trace-iterations: cannot append to" in capsys.readouterr().err
     path = tmp_path / "new" / "dir" / "trace.jsonl"
     assert parse("--trace-iterations", str(path)).trace_iterations == str(path) and path.parent.is_dir()
+
+
+def test_the_environments_trace_file_is_checked_only_when_it_is_used(
+        monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    env_path = tmp_path / "env" / "trace.jsonl"
+    monkeypatch.setenv("LOOKUPSPEC_TRACE_ITERATIONS", str(env_path))
+    flag_path = tmp_path / "flag.jsonl"
+    assert parse("--trace-iterations", str(flag_path)).trace_iterations == str(flag_path)
+    assert flag_path.exists() and not env_path.parent.exists()  # the flag wins; the other is not made
+    with pytest.raises(SystemExit):
+        parse("--help")
+    assert not env_path.parent.exists()
+    assert parse().trace_iterations == str(env_path) and env_path.exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("LOOKUPSPEC_TRACE_ITERATIONS", str(blocker / "trace.jsonl"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as err:
+        parse()
+    assert err.value.code == 2 and "--trace-iterations: cannot append to" in capsys.readouterr().err
