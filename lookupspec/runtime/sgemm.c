@@ -158,7 +158,8 @@ static void run_blocks(const float *x, long M, long K, const float *wp, long N, 
         long lines = prefetch ? (after < width ? after : width) * K : 0;
         long share = (lines + tiles - 1) / tiles;
         int pf_n = (int)((share + K - 1) / K);
-        const char *next = (const char *)(wp + (b + c) * K * 16), *end = next + lines * 64;
+        /* (no next panel: an empty range inside this one, so no pointer leaves the weights) */
+        const char *next = (const char *)(wp + (lines ? b + c : b) * K * 16), *end = next + lines * 64;
         for (long m0 = 0, t = 0; m0 < M; m0 += step, t++) {
             long r = M - m0 < step ? M - m0 : step;
             const char *pf = next + t * share * 64, *pf_end = pf + share * 64;
