@@ -159,12 +159,11 @@ static void run_blocks(const float *x, long M, long K, const float *wp, long N, 
         long share = (lines + tiles - 1) / tiles;
         int pf_n = (int)((share + K - 1) / K);
         /* (no next panel: an empty range inside this one, so no pointer leaves the weights) */
-        const char *next = (const char *)(wp + (lines ? b + c : b) * K * 16), *end = next + lines * 64;
+        const char *next = (const char *)(wp + (lines ? b + c : b) * K * 16);
         for (long m0 = 0, t = 0; m0 < M; m0 += step, t++) {
             long r = M - m0 < step ? M - m0 : step;
-            const char *pf = next + t * share * 64, *pf_end = pf + share * 64;
-            if (pf > end) pf = end;
-            if (pf_end > end) pf_end = end;
+            long from = t * share < lines ? t * share : lines, to = from + share < lines ? from + share : lines;
+            const char *pf = next + from * 64, *pf_end = next + to * 64;
             table[r](x + m0 * K, K, wp + b * K * 16, K, y + m0 * N + b * 16, N, bias ? bias + b * 16 : NULL,
                      cols, pf, pf_end, pf_n);
         }
