@@ -128,6 +128,7 @@ class ModelRunner:
         self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_slots=max_slots,
                              max_positions=self.context_window, max_bytes=kv_cache_bytes)
         self.pad_to = 1
+        self._ones = torch.ones((1, 256), dtype=torch.bool, device=self.device)  # see _no_padding
         self.batch_invariant: bool | None = None  # decided by the probe
         self._chunk_probe = (False, False)  # the probe's: (chunk-invariant, found with the native attention)
         if check:
@@ -194,8 +195,20 @@ class ModelRunner:
     def _hf(self, batch: RaggedBatch, keep: torch.Tensor | None = None) -> torch.Tensor:
         with active_batch(batch):
             out = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                             attention_mask=self._no_padding(batch.input_ids.shape[1]),
                              logits_to_keep=0 if keep is None else keep)
         return out.logits[0]
+
+    def _no_padding(self, rows: int) -> torch.Tensor:
+        """A ``[1, rows]`` all-true padding mask for transformers' forward. The runtime's attention
+        builds its own masks, but without a padding mask transformers' mask preparation looks for
+        packed sequences in the position ids (a ragged batch looks like some) and reads its finding
+        back to the host: a device synchronisation in every forward on a GPU. A view of one buffer,
+        grown when a forward is wider: no allocation per forward."""
+        if self._ones.shape[1] < rows:
+            self._ones = torch.ones((1, max(rows, 2 * self._ones.shape[1])), dtype=torch.bool,
+                                    device=self.device)
+        return self._ones[:, :rows]
 
     # ---- self-check ---------------------------------------------------------------------------------
 

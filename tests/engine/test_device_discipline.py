@@ -226,14 +226,45 @@ def test_a_step_makes_one_upload_and_one_read(tiny_models, backend, sampling, mo
     from lookupspec.models import load_model
 
     monkeypatch.setenv(kernels.BACKEND_ENV, backend)
-    if backend == "triton" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        # the model below is on the CPU: its Triton kernels run only in the interpreter, which
-        # tests/conftest.py turns on where CUDA is absent (on a CUDA machine this case skips)
-        pytest.skip("a CPU model's Triton kernels need TRITON_INTERPRET=1")
-    model = load_model(str(tiny_models["tiny-qwen2"])).model  # sliding and full layers: two pool groups
+    # Triton's case runs the compiled kernels on a CUDA model where there is a GPU, and the CPU model's
+    # kernels in the interpreter elsewhere (tests/conftest.py turns it on where CUDA is absent)
+    on_gpu = backend == "triton" and torch.cuda.is_available()
+    if backend == "triton" and not on_gpu and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("a CPU model's Triton kernels need TRITON_INTERPRET=1 or a GPU")
+    # sliding and full layers: two pool groups
+    model = load_model(str(tiny_models["tiny-qwen2"]), device="cuda" if on_gpu else "cpu").model
     params = GenerationParams(max_tokens=16 if backend == "triton" else 30, sampling=sampling)
     engine = _engine(model, shape="tree", truth=_plain(model, params))
     rec = DeviceRecorder(next(model.parameters()).device)
     per_step = _drive(engine, params, SpecParams(max_draft_tokens=8, tree=True), rec, steps_only=True)
     assert not rec.problems, "\n".join(dict.fromkeys(rec.problems))
     assert per_step and all(s == (1, 1, 0) for s in per_step), (per_step, rec.reads, rec.host_data)
+    if on_gpu:  # CUDA's own count: the one read is the step's only synchronisation (no hidden ones)
+        syncs = _cuda_syncs_per_step(engine, params, SpecParams(max_draft_tokens=8, tree=True))
+        assert syncs and all(n == 1 for n in syncs), syncs  # else the sites of each step's syncs
+
+
+def _cuda_syncs_per_step(engine, params, spec):
+    """The synchronising CUDA calls of each step of a generation of PROMPT, as CUDA's sync debug mode
+    reports them."""
+    import warnings
+
+    seq = engine.start(PROMPT, params, spec)
+    counts = []
+    try:
+        assert engine.prefill(seq) is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notice that the mode is a prototype
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            while seq.finish_reason is None:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    engine.step([seq])
+                sites = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+                counts.append(len(sites) if len(sites) == 1 else sites)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    finally:
+        engine.release(seq)
+    return counts
