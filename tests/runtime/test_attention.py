@@ -113,3 +113,32 @@ def test_a_tree_mask_goes_to_sdpa_additive_once_per_forward_with_the_same_bits()
             assert torch.equal(got, expected)
     plain = RaggedBatch(pool, [SeqRows(slot, [5])]).views[0]
     assert plain.sdpa_mask(0, torch.float32) is None  # a decode row has no mask to convert
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_on_cuda_unmasked_rows_skip_cudnn_and_masked_ones_keep_torchs_choice(tiny_models, dtype, monkeypatch):
+    """cuDNN's attention builds a graph per new shape (tens of ms at each new key length): decode rows
+    run without it; masked views keep torch's choice; the flags are restored after the forward."""
+    import lookupspec.runtime.attention as attention
+    from lookupspec.models import load_model
+    from lookupspec.runtime import ModelRunner, SeqRows
+
+    model = load_model(str(tiny_models["tiny-llama"]), dtype=dtype, device="cuda").model
+    runner = ModelRunner(model, context_window=256)
+    a, b = runner.allocate(40), runner.allocate(40)
+    runner.prefill(a, list(range(5, 25)))
+    runner.prefill(b, list(range(7, 20)))
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        masked = kwargs.get("attn_mask") is not None or bool(kwargs.get("is_causal", False))
+        seen.append((masked, torch.backends.cuda.cudnn_sdp_enabled()))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    runner.forward([SeqRows(a, [3]), SeqRows(b, [4, 5, 6], [-1, 0, 0])])
+    assert {m for m, _ in seen} == {True, False}
+    assert all(enabled == masked for masked, enabled in seen), seen
+    assert torch.backends.cuda.cudnn_sdp_enabled()
