@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from lookupspec.hf_compat import with_cache
+from lookupspec.runtime.attention import unplanned_sdpa
 from lookupspec.runtime.kvcache import KVCache
 from lookupspec.sampling import (
     STREAM_DRAFT,
@@ -55,7 +56,8 @@ class DraftModelDrafter:
     def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         kv = with_cache(self.model, self.cache)
-        out = self.model(input_ids=ids, **kv, use_cache=True, logits_to_keep=1)
+        with unplanned_sdpa(self.device):  # a new cache length at every call: no per-shape cuDNN graphs
+            out = self.model(input_ids=ids, **kv, use_cache=True, logits_to_keep=1)
         self.cached.extend(int(t) for t in tokens)
         return out.logits[0, -1].float()  # [vocab]
 

@@ -35,7 +35,8 @@ from . import cpu_attention
 if TYPE_CHECKING:
     from .batch import RaggedBatch
 
-__all__ = ["ATTN_NAME", "active_batch", "attend", "gqa_sdpa_attention", "layer_pool", "use_runtime_attention"]
+__all__ = ["ATTN_NAME", "active_batch", "attend", "gqa_sdpa_attention", "layer_pool", "unplanned_sdpa",
+           "use_runtime_attention"]
 
 ATTN_NAME = "lookupspec_runtime"
 
@@ -52,12 +53,13 @@ def active_batch(batch: RaggedBatch) -> Iterator[None]:
         _BATCH.reset(token)
 
 
-def _unplanned_sdpa(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+def unplanned_sdpa(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """On CUDA: ``scaled_dot_product_attention`` without cuDNN's backend, which builds (and caches) a
     graph for every new shape: 66 ms for the first call at each new key length of a decode row
     against 0.13 ms with flash attention (an H100, torch 2.11, bfloat16), while a decode row's key
     length is new at nearly every step. Flash attention plans nothing per shape. Elsewhere: torch's
-    own choice."""
+    own choice. Runtime forwards use it for unmasked views only (:func:`attend`); a draft model's
+    forwards, whose numbers only need to be deterministic, use it throughout."""
     if device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -163,7 +165,7 @@ def attend(batch: RaggedBatch, layer: int, query: torch.Tensor, key: torch.Tenso
     # unmasked views (decode rows) where no backend plans per shape; masked ones (draft trees, prompt
     # chunks after a cache) keep torch's choice, against which the runner's probe checks the runtime
     unmasked = [i for i, view in enumerate(batch.views) if view.masks[gi] is None and not explicit]
-    with _unplanned_sdpa(query.device):
+    with unplanned_sdpa(query.device):
         for i in unmasked:
             one(i)
     for i in range(len(batch.views)):

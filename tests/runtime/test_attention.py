@@ -142,3 +142,26 @@ def test_on_cuda_unmasked_rows_skip_cudnn_and_masked_ones_keep_torchs_choice(tin
     assert {m for m, _ in seen} == {True, False}
     assert all(enabled == masked for masked, enabled in seen), seen
     assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_draft_models_forwards_skip_cudnn(tiny_models, monkeypatch):
+    """A draft model's cache grows by a position or more at every call: none of its attention runs
+    where cuDNN would build a graph for the new length."""
+    import lookupspec.runtime.attention as attention
+    from lookupspec.drafting.draft_model import DraftModelDrafter
+    from lookupspec.models import load_model
+
+    model = load_model(str(tiny_models["tiny-llama"]), dtype="bfloat16", device="cuda").model
+    drafter = DraftModelDrafter(model, capacity=128)
+    enabled = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        enabled.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    chain = drafter.propose(list(range(5, 30)), 4)
+    assert len(chain.tokens) == 4 and enabled and not any(enabled), enabled
+    assert torch.backends.cuda.cudnn_sdp_enabled()
