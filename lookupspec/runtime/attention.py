@@ -58,8 +58,9 @@ def unplanned_sdpa(device: torch.device) -> contextlib.AbstractContextManager[An
     graph for every new shape: 66 ms for the first call at each new key length of a decode row
     against 0.13 ms with flash attention (an H100, torch 2.11, bfloat16), while a decode row's key
     length is new at nearly every step. Flash attention plans nothing per shape. Elsewhere: torch's
-    own choice. Runtime forwards use it for unmasked views only (:func:`attend`); a draft model's
-    forwards, whose numbers only need to be deterministic, use it throughout."""
+    own choice. Runtime forwards use it for unmasked views, and for masked ones where the runner's
+    probe allows (:func:`attend`); a draft model's forwards, whose numbers only need to be
+    deterministic, use it throughout."""
     if device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -163,10 +164,12 @@ def attend(batch: RaggedBatch, layer: int, query: torch.Tensor, key: torch.Tenso
         parts[i] = o[0].transpose(0, 1).reshape(view.rows, width)
 
     # unmasked views (decode rows) where no backend plans per shape; masked ones (draft trees, prompt
-    # chunks after a cache) keep torch's choice, against which the runner's probe checks the runtime
-    unmasked = [i for i, view in enumerate(batch.views) if view.masks[gi] is None and not explicit]
+    # chunks after a cache) too where the runner's probe found the runtime agreeing with transformers
+    # that way (batch.unplanned_masks), else on torch's choice
+    unplanned = [i for i, view in enumerate(batch.views)
+                 if (view.masks[gi] is None or batch.unplanned_masks) and not explicit]
     with unplanned_sdpa(query.device):
-        for i in unmasked:
+        for i in unplanned:
             one(i)
     for i in range(len(batch.views)):
         if parts[i] is None:

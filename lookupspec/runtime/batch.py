@@ -106,10 +106,12 @@ class RaggedBatch:
     ``input_ids`` / ``position_ids``: ``[1, rows]`` (plus ``pad`` rows at the end that belong to no
     sequence: the runtime pads a one-row forward to two rows where the probe found that a matrix
     product of one row differs from the same row among others). ``write_slot`` / ``write_entry[g]``:
-    ``[real_rows]`` where each row's key and value go in the pool (group ``g``)."""
+    ``[real_rows]`` where each row's key and value go in the pool (group ``g``).
+    ``unplanned_masks``: masked views may run on the attention backends that plan nothing per shape
+    (:func:`~lookupspec.runtime.attention.unplanned_sdpa`), as unmasked ones always do."""
 
     def __init__(self, pool: SlotPool, seqs: Sequence[SeqRows], *, pad_to: int = 1,
-                 stage: HostStage | None = None) -> None:
+                 stage: HostStage | None = None, unplanned_masks: bool = False) -> None:
         """Plan the batch on the host. Its tensors are pieces of ``stage`` (the step's one
         host-to-device copy): usable once the caller uploaded it and called :meth:`bind`. Without a
         stage the batch makes and uploads its own."""
@@ -119,6 +121,7 @@ class RaggedBatch:
         if len(set(slots)) != len(slots):
             raise ValueError("a sequence may appear only once in a batch")
         self.pool = pool
+        self.unplanned_masks = unplanned_masks
         own = stage is None
         stage = HostStage(pool.device) if stage is None else stage
         ids: list[int] = []

@@ -17,7 +17,10 @@ When a runner is built it checks itself against the model (:meth:`ModelRunner._p
 
 1. the ragged path agrees with transformers' own forward and cache on a prompt and a draft tree
    (an architecture the runtime cannot serve, e.g. one that keeps recurrent state, fails here with
-   a clear error instead of producing wrong tokens later);
+   a clear error instead of producing wrong tokens later). It runs first with every view's attention
+   on the backends that plan nothing per shape (on CUDA, no cuDNN: a graph for each new shape costs
+   tens of milliseconds, and a step's shapes are new at every step), transformers' forward on the
+   same ones; where they disagree, masked views keep torch's choice (``unplanned_masks``);
 2. batch invariance: one sequence's logits alone and among other sequences of different lengths and
    row counts (one token, a draft tree, a prompt chunk) must be bit-identical. Attention is per
    sequence (:func:`.attention.attend`), so the row-wise ops decide it, the linear layers above all.
@@ -38,6 +41,7 @@ When a runner is built it checks itself against the model (:meth:`ModelRunner._p
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -47,7 +51,7 @@ import torch
 
 from lookupspec.kernels import HostStage
 
-from .attention import active_batch, use_runtime_attention
+from .attention import active_batch, unplanned_sdpa, use_runtime_attention
 from .batch import RaggedBatch, SeqRows
 from .kvpool import LayerSpec, PoolFull, SlotPool
 from .lean import LeanForward
@@ -129,6 +133,7 @@ class ModelRunner:
                              max_positions=self.context_window, max_bytes=kv_cache_bytes)
         self.pad_to = 1
         self._ones = torch.ones((1, 256), dtype=torch.bool, device=self.device)  # see _no_padding
+        self.unplanned_masks = False  # decided by the probe (module docstring, check 1)
         self.batch_invariant: bool | None = None  # decided by the probe
         self._chunk_probe = (False, False)  # the probe's: (chunk-invariant, found with the native attention)
         if check:
@@ -181,7 +186,8 @@ class ModelRunner:
         ``stage`` (the caller uploads it before :meth:`run`; None: a stage of the batch's own)."""
         for s in seqs:
             self.pool.ensure(s.slot, self.length(s.slot) + len(s.tokens))
-        return RaggedBatch(self.pool, seqs, pad_to=self.pad_to, stage=stage)
+        return RaggedBatch(self.pool, seqs, pad_to=self.pad_to, stage=stage,
+                           unplanned_masks=self.unplanned_masks)
 
     @torch.inference_mode()
     def run(self, batch: RaggedBatch, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -233,8 +239,7 @@ class ModelRunner:
 
         # within the smallest sliding window: transformers applies no window to a custom 4D tree mask
         windows = [s.window for s in self.layers if s.window is not None]
-        self._check_against_transformers(ids(max(1, min([11, *(w - 5 for w in windows)]))), ids(5),
-                                         [-1, 0, 0, 1, 3])
+        self._check_backends(ids(max(1, min([11, *(w - 5 for w in windows)]))), ids(5), [-1, 0, 0, 1, 3])
         prompts = {"a": ids(9), "b": ids(13), "c": ids(6), "d": ids(7)}
         rows = {"a": 1, "b": 1, "c": 5, "d": max(2, min(24, self.context_window - 8))}
         slots = {}
@@ -307,6 +312,19 @@ class ModelRunner:
         (a, b), (c, d) = results
         return torch.equal(a, c) and torch.equal(b, d)
 
+    def _check_backends(self, prompt: list[int], tokens: list[int], parents: list[int]) -> None:
+        """Check 1 with masked views on the attention backends that plan nothing per shape, transformers'
+        reference forward on the same ones (on CUDA, no cuDNN graph per new shape; elsewhere the same
+        as torch's choice); where the two disagree, again with torch's choice for masked views, which
+        then keep it (``unplanned_masks`` False)."""
+        self.unplanned_masks = True
+        try:
+            self._check_against_transformers(prompt, tokens, parents)
+            return
+        except RuntimeUnsupported:
+            self.unplanned_masks = False
+        self._check_against_transformers(prompt, tokens, parents)
+
     def _check_against_transformers(self, prompt: list[int], tokens: list[int], parents: list[int]) -> None:
         """The ragged path against transformers' own forward and DynamicCache on one prompt and one
         draft tree; raises :class:`RuntimeUnsupported` when they disagree beyond float noise."""
@@ -328,10 +346,11 @@ class ModelRunner:
         cache = DynamicCache(config=cfg)
         x = torch.tensor([prompt], device=self.device)
         kv = with_cache(self.model, cache)
-        ref_prefill = self.model(input_ids=x, **kv, use_cache=True).logits[0, -1].float()
-        mask, pos = kernels.tree_mask(torch.tensor(parents, device=self.device), len(prompt), self.dtype)
-        ref_tree = self.model(input_ids=torch.tensor([tokens], device=self.device), **kv, use_cache=True,
-                              attention_mask=mask, position_ids=pos).logits[0].float()
+        with unplanned_sdpa(self.device) if self.unplanned_masks else contextlib.nullcontext():
+            ref_prefill = self.model(input_ids=x, **kv, use_cache=True).logits[0, -1].float()
+            mask, pos = kernels.tree_mask(torch.tensor(parents, device=self.device), len(prompt), self.dtype)
+            ref_tree = self.model(input_ids=torch.tensor([tokens], device=self.device), **kv, use_cache=True,
+                                  attention_mask=mask, position_ids=pos).logits[0].float()
         tol = 1e-3 if self.dtype == torch.float32 else 5e-2
         for name, got, ref in (("prefill", got_prefill, ref_prefill), ("tree", got_tree, ref_tree)):
             scale = max(1.0, float(ref.abs().max()))

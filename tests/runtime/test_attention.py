@@ -117,9 +117,9 @@ def test_a_tree_mask_goes_to_sdpa_additive_once_per_forward_with_the_same_bits()
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_on_cuda_unmasked_rows_skip_cudnn_and_masked_ones_keep_torchs_choice(tiny_models, dtype, monkeypatch):
+def test_on_cuda_unmasked_rows_skip_cudnn_and_masked_ones_as_the_probe_found(tiny_models, dtype, monkeypatch):
     """cuDNN's attention builds a graph per new shape (tens of ms at each new key length): decode rows
-    run without it; masked views keep torch's choice; the flags are restored after the forward."""
+    run without it, masked views as the probe decided; the flags are restored after the forward."""
     import lookupspec.runtime.attention as attention
     from lookupspec.models import load_model
     from lookupspec.runtime import ModelRunner, SeqRows
@@ -140,7 +140,8 @@ def test_on_cuda_unmasked_rows_skip_cudnn_and_masked_ones_keep_torchs_choice(tin
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
     runner.forward([SeqRows(a, [3]), SeqRows(b, [4, 5, 6], [-1, 0, 0])])
     assert {m for m, _ in seen} == {True, False}
-    assert all(enabled == masked for masked, enabled in seen), seen
+    # masked views skip cuDNN too where the probe found the runtime agreeing with transformers so
+    assert all(enabled == (masked and not runner.unplanned_masks) for masked, enabled in seen), seen
     assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
@@ -165,3 +166,41 @@ def test_on_cuda_a_draft_models_forwards_skip_cudnn(tiny_models, monkeypatch):
     chain = drafter.propose(list(range(5, 30)), 4)
     assert len(chain.tokens) == 4 and enabled and not any(enabled), enabled
     assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_the_probe_keeps_torchs_backends_for_masked_views_where_the_others_disagree(tiny_models, monkeypatch):
+    """The runner's check against transformers runs first with every view on the backends that plan
+    nothing per shape; where that check fails, it runs again with torch's choice for masked views,
+    which the runner's batches then keep; where both fail, the model is refused."""
+    from lookupspec.models import load_model
+    from lookupspec.runtime import ModelRunner, RuntimeUnsupported, SeqRows
+
+    model = load_model(str(tiny_models["tiny-llama"])).model
+    runner = ModelRunner(model, context_window=256)
+    assert runner.unplanned_masks  # on the CPU the two sets are the same: the first check passes
+    slot = runner.allocate(20)
+    runner.prefill(slot, list(range(5, 15)))
+    assert runner.plan([SeqRows(slot, [3, 4], [-1, 0])]).unplanned_masks
+
+    real = ModelRunner._check_against_transformers
+    tried = []
+
+    def disagree_when_unplanned(self, *args):
+        tried.append(self.unplanned_masks)
+        if self.unplanned_masks:
+            raise RuntimeUnsupported("disagrees")
+        return real(self, *args)
+
+    monkeypatch.setattr(ModelRunner, "_check_against_transformers", disagree_when_unplanned)
+    runner = ModelRunner(model, context_window=256)
+    assert tried == [True, False] and not runner.unplanned_masks
+    slot = runner.allocate(20)
+    runner.prefill(slot, list(range(5, 15)))
+    assert not runner.plan([SeqRows(slot, [3, 4], [-1, 0])]).unplanned_masks
+
+    def always(self, *args):
+        raise RuntimeUnsupported("disagrees")
+
+    monkeypatch.setattr(ModelRunner, "_check_against_transformers", always)
+    with pytest.raises(RuntimeUnsupported):
+        ModelRunner(model, context_window=256)
