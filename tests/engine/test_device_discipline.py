@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 import weakref
 from collections import Counter
 from pathlib import Path
@@ -175,6 +176,32 @@ def _drive(engine, params, spec, recorder, *, steps_only=False):
     return per_step
 
 
+class CudaSyncs:
+    """The synchronising CUDA calls made while active, as CUDA's sync debug mode reports them: their
+    sites go to ``reads``, so :func:`_drive` counts them per step as it counts the recorder's reads."""
+
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+        self.host_data: list[str] = []
+
+    def __enter__(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notice that the mode is a prototype
+            torch.cuda.set_sync_debug_mode("warn")
+        self._catching = warnings.catch_warnings(record=True)
+        self._caught = self._catching.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc):
+        self._catching.__exit__(*exc)
+        self.reads += [f"{w.filename}:{w.lineno}" for w in self._caught if "synchroniz" in str(w.message)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.cuda.set_sync_debug_mode("default")
+        return False
+
+
 class _Null:
     def __enter__(self):
         return self
@@ -240,31 +267,6 @@ def test_a_step_makes_one_upload_and_one_read(tiny_models, backend, sampling, mo
     assert not rec.problems, "\n".join(dict.fromkeys(rec.problems))
     assert per_step and all(s == (1, 1, 0) for s in per_step), (per_step, rec.reads, rec.host_data)
     if on_gpu:  # CUDA's own count: the one read is the step's only synchronisation (no hidden ones)
-        syncs = _cuda_syncs_per_step(engine, params, SpecParams(max_draft_tokens=8, tree=True))
-        assert syncs and all(n == 1 for n in syncs), syncs  # else the sites of each step's syncs
-
-
-def _cuda_syncs_per_step(engine, params, spec):
-    """The synchronising CUDA calls of each step of a generation of PROMPT, as CUDA's sync debug mode
-    reports them."""
-    import warnings
-
-    seq = engine.start(PROMPT, params, spec)
-    counts = []
-    try:
-        assert engine.prefill(seq) is not None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's notice that the mode is a prototype
-            torch.cuda.set_sync_debug_mode("warn")
-        try:
-            while seq.finish_reason is None:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    engine.step([seq])
-                sites = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
-                counts.append(len(sites) if len(sites) == 1 else sites)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    finally:
-        engine.release(seq)
-    return counts
+        syncs = CudaSyncs()
+        per_step = _drive(engine, params, SpecParams(max_draft_tokens=8, tree=True), syncs, steps_only=True)
+        assert per_step and all(s == (1, 1, 0) for s in per_step), (per_step, syncs.reads)
