@@ -196,7 +196,7 @@ def _margin(engine: Any, prompt: list[int], reference: list[int], pos: int, othe
         scores = logits
     else:
         scores = process_logits(logits[None], sampling)[0] + gumbel_noise(
-            sampling.seed, torch.tensor([len(ids)]), logits.shape[-1])[0]
+            sampling.seed, torch.tensor([len(ids)], device=logits.device), logits.shape[-1])[0]
     return abs(float(scores[reference[pos]] - scores[other]))
 
 

@@ -74,6 +74,12 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     from .batch import CAUSAL
 
     gqa = q.shape[1] != k.shape[1]
+    if gqa and isinstance(mask, torch.Tensor) and q.is_cuda:
+        # transformers repeats the key/value heads where a mask is given on CUDA (its use_gqa_in_sdpa),
+        # which leaves the memory-efficient kernel eligible: it takes masks but not enable_gqa, so
+        # enable_gqa here would run the math kernel, and the load probe would find the two disagreeing
+        g = q.shape[1] // k.shape[1]
+        k, v, gqa = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1), False
     if isinstance(mask, str):  # CAUSAL
         causal = mask == CAUSAL
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scaling, enable_gqa=gqa)
