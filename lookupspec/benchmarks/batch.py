@@ -178,9 +178,26 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _margin(engine: Any, prompt: list[int], reference: list[int], pos: int, other: int, params: Any) -> float:
+def dtype_step(value: float, dtype: Any) -> float:
+    """The spacing of ``dtype``'s values at ``|value|``: bfloat16's is 0.125 between 16 and 32, where
+    float32's is 2**-19. A margin in these steps says how many roundings apart two candidates were."""
+    import math
+
+    import torch
+
+    eps = torch.finfo(dtype).eps
+    magnitude = abs(value)
+    if magnitude < torch.finfo(dtype).tiny:
+        return float(torch.finfo(dtype).tiny) * eps
+    return eps * 2.0 ** math.floor(math.log2(magnitude))
+
+
+def _margin(engine: Any, prompt: list[int], reference: list[int], pos: int, other: int,
+            params: Any) -> tuple[float, float]:
     """Score difference between the batch-of-one token and the other run's token at output index
-    ``pos``, from a batch-of-one forward over the prompt and the shared prefix."""
+    ``pos``, from a batch-of-one forward over the prompt and the shared prefix; and the same
+    difference in steps of the model's dtype at the two candidates' logit size (scaled by 1 / T
+    when sampling): a float32 margin of 1e-3 is many steps, a bfloat16 one of 0.5 a few."""
     import torch
 
     from lookupspec.sampling import gumbel_noise, process_logits
@@ -193,11 +210,14 @@ def _margin(engine: Any, prompt: list[int], reference: list[int], pos: int, othe
         engine.runner.free(slot)
     sampling = params.sampling
     if sampling.greedy:
-        scores = logits
+        scores, scale = logits, 1.0
     else:
         scores = process_logits(logits[None], sampling)[0] + gumbel_noise(
             sampling.seed, torch.tensor([len(ids)], device=logits.device), logits.shape[-1])[0]
-    return abs(float(scores[reference[pos]] - scores[other]))
+        scale = 1.0 / sampling.temperature
+    margin = abs(float(scores[reference[pos]] - scores[other]))
+    size = max(abs(float(logits[reference[pos]])), abs(float(logits[other])))
+    return margin, margin / (dtype_step(size, engine.runner.dtype) * scale)
 
 
 def _exactness(engine: Any, requests_greedy: list, requests_sampled: list,
@@ -213,22 +233,26 @@ def _exactness(engine: Any, requests_greedy: list, requests_sampled: list,
         for b in batches:
             outs, _, _ = run_waves(engine, requests, b, spec)
             differ = ties = 0
-            margins = []
+            margins, steps = [], []
             for (prompt, params), ref, got in zip(requests, alone, outs, strict=True):
                 pos = _first_difference(ref, got)
                 if pos is None:
                     continue
                 differ += 1
                 if pos < min(len(ref), len(got)):
-                    m = _margin(engine, list(prompt), ref, pos, got[pos], params)
+                    m, k = _margin(engine, list(prompt), ref, pos, got[pos], params)
                     margins.append(m)
+                    steps.append(k)
                     ties += m < args.epsilon
             rows.append({"mode": label, "batch": b, "prompts": len(requests),
                          "identical": len(requests) - differ, "differ": differ, "near_ties": ties,
                          "other_differences": differ - ties,
-                         "margins": [round(m, 6) for m in margins]})
+                         "margins": [round(m, 6) for m in margins],
+                         "margin_dtype_steps": [round(k, 2) for k in steps]})
             _log(f"exactness {label} B={b}: {len(requests) - differ}/{len(requests)} identical, "
-                 f"{ties} near-ties, {differ - ties} other")
+                 f"{ties} near-ties, {differ - ties} other"
+                 + "".join(f"; margin {m:.4g} ({k:.1f} {engine.runner.dtype} steps)"
+                           for m, k in zip(margins, steps, strict=True)))
     return rows
 
 
