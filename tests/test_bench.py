@@ -170,22 +170,6 @@ def test_bench_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     assert "hf-assisted" not in {r["system"] for r in rows}
 
 
-def test_a_margin_in_dtype_steps_uses_the_spacing_at_the_logits_size():
-    import torch
-
-    from lookupspec.benchmarks.batch import dtype_step
-
-    assert dtype_step(25.0, torch.bfloat16) == 0.125 == dtype_step(-31.9, torch.bfloat16)
-    assert dtype_step(32.0, torch.bfloat16) == 0.25
-    assert dtype_step(1.5, torch.float32) == 2.0 ** -23
-    assert dtype_step(3.0, torch.float16) == 2.0 ** -9
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):  # the step is the distance to the next value
-        for x in (0.3, 7.0, 25.0, 1000.0):
-            t, up = torch.tensor(x, dtype=dtype), torch.tensor(float("inf"), dtype=dtype)
-            assert float(torch.nextafter(t, up) - t) == dtype_step(x, dtype)
-    assert 0 < dtype_step(0.0, torch.bfloat16) < 1e-30
-
-
 def test_bench_batch_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     out = tmp_path / "batch.json"
     proc = subprocess.run(
@@ -209,6 +193,9 @@ def test_bench_batch_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     for r in result["exactness"]:  # the tiny model's logits are spread out: no near-ties, no differences
         assert r["identical"] == r["prompts"] == 2 and r["other_differences"] == 0
         assert r["margins"] == r["margin_dtype_steps"] == []
+    assert {r["path"] for r in result["noise"]} == {"chain", "tree", "batched", "prefill"}
+    assert all(r["identical_rows"] == r["rows"] > 0 for r in result["noise"])  # float32 on the CPU
+    assert result["near_tie_epsilon"] == 1e-3
     # the lean forward's native element-wise steps against torch's ops, shape by shape
     proc = subprocess.run(
         [sys.executable, "-m", "lookupspec.cli", "bench-batch", "--model", str(tiny_models["tiny-llama"]),

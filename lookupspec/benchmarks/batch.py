@@ -10,12 +10,18 @@ Three sections (``--sections``, all by default), on the default model and prompt
 - ``throughput``: aggregate decode tokens/s of B sequences stepping together (the prompts run in
   waves of B; prefill untimed), plain decoding and with their lookup drafts, against one sequence
   alone on the same prompts.
+- ``noise``: how far a position's logits move between the runtime's forward paths (a one-row step,
+  a row of a draft chain or tree, among other sequences, the last row of a prefill) on the first
+  ``--noise-prompts`` prompts (:mod:`lookupspec.benchmarks.path_noise`): 0 where every path gives
+  the same bits (the CPU's float32 runtime).
 - ``exactness``: every prompt generated greedy and with seeded sampling (temperature 0.8) in batches
   of 1, 4 and 8 with speculation on (and plain in batches of 8); each output compared with its
   batch-of-one output. At the first differing position of a pair, the two candidate tokens' scores
   (logits for greedy; processed logits plus the position's Gumbel noise for sampling) are
-  recomputed by a batch-of-one forward: a difference under ``--epsilon`` is a float near-tie, any
-  other is a bug.
+  recomputed by a batch-of-one forward: a difference under the near-tie epsilon is a float near-tie,
+  any other is a bug. The epsilon, in logits, is ``--epsilon`` or, where the noise section ran and
+  found more, twice the largest difference it measured (each candidate's logit may move that much
+  between paths); for sampling it is divided by the temperature, as the scores are.
 
 Example: lookupspec bench-batch --limit 16 --json out/batch.json
 """
@@ -32,12 +38,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lookupspec.benchmarks.path_noise import dtype_step
 from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS
 from lookupspec.commands.common import add_model_arguments, positive_int
 
 __all__ = ["configure", "run", "run_waves"]
 
-SECTIONS = ("cost", "throughput", "exactness")
+SECTIONS = ("cost", "throughput", "noise", "exactness")
 
 
 def _ints(text: str) -> list[int]:
@@ -65,6 +72,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--throughput-batches", type=_ints, default=[1, 4, 8, 16],
                         help="throughput: batch sizes (1 is the reference)")
     parser.add_argument("--exactness-batches", type=_ints, default=[4, 8], help="exactness: batch sizes vs 1")
+    parser.add_argument("--noise-prompts", type=positive_int, default=4,
+                        help="noise: prompts whose logits are compared across forward paths")
+    parser.add_argument("--noise-rows", type=_ints, default=[4, 16], help="noise: draft chain lengths")
     parser.add_argument("--epsilon", type=float, default=1e-3,
                         help="exactness: largest score difference counted as a float near-tie")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads")
@@ -178,20 +188,6 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def dtype_step(value: float, dtype: Any) -> float:
-    """The spacing of ``dtype``'s values at ``|value|``: bfloat16's is 0.125 between 16 and 32, where
-    float32's is 2**-19. A margin in these steps says how many roundings apart two candidates were."""
-    import math
-
-    import torch
-
-    eps = torch.finfo(dtype).eps
-    magnitude = abs(value)
-    if magnitude < torch.finfo(dtype).tiny:
-        return float(torch.finfo(dtype).tiny) * eps
-    return eps * 2.0 ** math.floor(math.log2(magnitude))
-
-
 def _margin(engine: Any, prompt: list[int], reference: list[int], pos: int, other: int,
             params: Any) -> tuple[float, float]:
     """Score difference between the batch-of-one token and the other run's token at output index
@@ -221,7 +217,8 @@ def _margin(engine: Any, prompt: list[int], reference: list[int], pos: int, othe
 
 
 def _exactness(engine: Any, requests_greedy: list, requests_sampled: list,
-               args: argparse.Namespace) -> list[dict[str, Any]]:
+               args: argparse.Namespace, epsilon: float) -> list[dict[str, Any]]:
+    """Batches against batch-of-one (module docstring); ``epsilon``: the near-tie bound in logits."""
     from lookupspec.params import SpecParams
 
     rows = []
@@ -243,7 +240,8 @@ def _exactness(engine: Any, requests_greedy: list, requests_sampled: list,
                     m, k = _margin(engine, list(prompt), ref, pos, got[pos], params)
                     margins.append(m)
                     steps.append(k)
-                    ties += m < args.epsilon
+                    scale = 1.0 if params.sampling.greedy else 1.0 / params.sampling.temperature
+                    ties += m < epsilon * scale
             rows.append({"mode": label, "batch": b, "prompts": len(requests),
                          "identical": len(requests) - differ, "differ": differ, "near_ties": ties,
                          "other_differences": differ - ties,
@@ -301,10 +299,21 @@ def run(args: argparse.Namespace) -> int:
     if "throughput" in sections:
         result["throughput"] = _throughput(engine, greedy, args)
         _print_rows("Aggregate decode throughput", result["throughput"])
+    epsilon = args.epsilon
+    if "noise" in sections:
+        from lookupspec.benchmarks.path_noise import noise_epsilon, path_noise
+
+        result["noise"] = path_noise(engine.runner, encoded[: args.noise_prompts], args.noise_rows)
+        _print_rows(f"Logits across forward paths against one row at a time ({engine.runner.dtype})",
+                    result["noise"])
+        epsilon = noise_epsilon(result["noise"], args.epsilon)
     if "exactness" in sections:
-        result["exactness"] = _exactness(engine, greedy, sampled, args)
-        _print_rows("Exactness against batch-of-one", [{k: v for k, v in r.items() if k != "margins"}
-                                                       for r in result["exactness"]])
+        result["near_tie_epsilon"] = epsilon
+        _log(f"near-tie epsilon: {epsilon:.4g} in logits"
+             + (" (twice the largest difference between forward paths)" if epsilon > args.epsilon else ""))
+        result["exactness"] = _exactness(engine, greedy, sampled, args, epsilon)
+        _print_rows("Exactness against batch-of-one",
+                    [{k: v for k, v in r.items() if not k.startswith("margin")} for r in result["exactness"]])
     result["seconds"] = round(time.perf_counter() - started, 1)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
