@@ -1,7 +1,7 @@
 """Batched-runtime benchmark: what a step costs against batch size and rows, what B sequences decode
 together, and whether a sequence's output depends on its batch.
 
-Three sections (``--sections``, all by default), on the default model and prompt file:
+Four sections (``--sections``, all by default), on the default model and prompt file:
 
 - ``cost``: the wall time of one target forward over B sequences (1, 2, 4, 8, 16) x rows per
   sequence (1, 4, 8, 16) at ~1000-token contexts, configurations interleaved round by round, medians.
