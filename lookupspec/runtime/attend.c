@@ -9,7 +9,8 @@
    One row and one key/value head is one unit of work; the unit's query heads share each key and
    value as they are loaded. Per query head:
      s[c] = (q . k_c) * scale   the dot product as 16 lanes of d / 16 fused multiply-adds in order,
-                                then a fixed halving tree across the lanes;
+                                then a fixed halving tree across the lanes (soft-capped models:
+                                then cap * tanhf(s[c] / cap), element by element);
      m = max(s);  e[c] = exp(s[c] - m)   (a fixed polynomial);
      sum = the lanes of e summed by c mod 16, then the same tree;
      out = (sum over c of e[c] * v_c, in order of c) * (1 / sum).
@@ -154,7 +155,7 @@ typedef struct {
     const float *v; long v_slot, v_head, v_entry;
     long heads, kv_heads, d, dv;
     const long *plan; const unsigned char *masks;
-    float scale; float *out;
+    float scale, softcap; float *out;
 } job;
 
 typedef struct { /* one thread's scratch, sized for the batch's longest key range */
@@ -244,6 +245,8 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
                     for (long l = n_; l < c + 16; l++) s[l] = -INFINITY;
                 v_store(s + c, v_mul(v_load(s + c), sv));
             }
+            if (J->softcap > 0) /* soft-capped scores (Gemma 2): cap * tanh(score / cap), each on its own */
+                for (long c = 0; c < n_; c++) s[c] = tanhf(s[c] / J->softcap) * J->softcap;
             vec mx = v_load(s);
             for (long c = 16; c < n_; c += 16) mx = v_max(mx, v_load(s + c));
             v_store(tmp, mx);
@@ -331,13 +334,14 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
 /* out [rows][heads][dv] = attention of the rows of `nviews` views (plan: PLAN longs each) over the
    pool's keys k [slots][kv_heads][entries][d] and values v [..][dv] (strides in floats; the last
    dimension contiguous). q: row r, head h at q + r * q_row + h * q_head, d contiguous floats.
-   d and dv are multiples of 16. Rows outside every view are not written. */
+   d and dv are multiples of 16. softcap > 0 caps the scaled scores at +-softcap (cap * tanh(score /
+   cap), before the softmax); 0 leaves them. Rows outside every view are not written. */
 void lsa_attend(const float *q, long q_row, long q_head, const float *k, long k_slot, long k_head,
                 long k_entry, const float *v, long v_slot, long v_head, long v_entry, long heads,
                 long kv_heads, long d, long dv, const long *plan, long nviews, const unsigned char *masks,
-                float scale, float *out, int nthreads) {
+                float scale, float softcap, float *out, int nthreads) {
     job J = {q, q_row, q_head, k, k_slot, k_head, k_entry, v, v_slot, v_head, v_entry, heads, kv_heads,
-             d, dv, plan, masks, scale, out};
+             d, dv, plan, masks, scale, softcap, out};
     long blocks = 0, cap = 16;
     for (long w = 0; w < nviews; w++) {
         blocks += (plan[w * PLAN + 2] - plan[w * PLAN + 1] + RB - 1) / RB;

@@ -16,8 +16,8 @@ registers :data:`ATTN_NAME` and switches a model to it. While a batch is active
 otherwise it behaves like transformers' ``sdpa`` (grouped-query heads read in place for multi-token
 CPU forwards rather than copied: bit-identical, and a draft-tree forward skips a copy of the cache),
 so the same model object still works with ``generate`` and with a draft model's own cache.
-Layers with logit soft-capping (Gemma 2) or attention sinks (gpt-oss) take an explicit
-softmax path per sequence instead of SDPA.
+Layers with attention sinks (gpt-oss), and layers with logit soft-capping (Gemma 2) where the
+native CPU kernel does not run, take an explicit softmax path per sequence instead of SDPA.
 """
 
 from __future__ import annotations
@@ -140,10 +140,10 @@ def attend(batch: RaggedBatch, layer: int, query: torch.Tensor, key: torch.Tenso
     keys[batch.write_slot, :, batch.write_entry[gi]] = key[0, :, :real].transpose(0, 1).to(keys.dtype)
     values[batch.write_slot, :, batch.write_entry[gi]] = value[0, :, :real].transpose(0, 1).to(values.dtype)
     explicit = softcap is not None or sinks is not None
-    if not explicit and cpu_attention.applies(query, keys, values):
+    if sinks is None and cpu_attention.applies(query, keys, values):
         lib = cpu_attention.kernel()
-        if lib is not None:  # every view in one native call
-            return cpu_attention.attend_native(lib, batch, gi, query, keys, values, scaling)
+        if lib is not None:  # every view in one native call (soft-capped scores too)
+            return cpu_attention.attend_native(lib, batch, gi, query, keys, values, scaling, softcap)
     heads, kv_heads, d = query.shape[1], keys.shape[1], query.shape[-1]
     width = heads * values.shape[-1]
     rows = query[0].transpose(0, 1)  # [rows, heads, head_dim], a view

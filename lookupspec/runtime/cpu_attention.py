@@ -14,8 +14,9 @@ draft tree or a one-token step, alone or in a batch: the forward stays batch-inv
 chunk-invariant as far as attention goes. The results differ from SDPA's in the last bits (float32
 in another order), as two BLAS libraries differ.
 
-It covers float32 queries and pools on the CPU with head sizes that are multiples of 16 and no
-soft-capping or sinks; anything else keeps SDPA. ``LOOKUPSPEC_CPU_ATTENTION``: ``auto`` (default:
+It covers float32 queries and pools on the CPU with head sizes that are multiples of 16, soft-capped
+scores (Gemma 2) included, and no sinks; anything else keeps SDPA (or, for sinks, the attention
+written out). ``LOOKUPSPEC_CPU_ATTENTION``: ``auto`` (default:
 the kernel where it builds), ``native`` (a failed build is an error) or ``sdpa``.
 """
 
@@ -43,7 +44,7 @@ _PLAN = 7  # per view: slot, r0, r1, lo, hi, kind, mask offset (attend.c's PLAN)
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_long
     lib.lsa_attend.argtypes = [p, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, i64, i64, i64, p, i64, p,
-                               ctypes.c_float, p, ctypes.c_int]
+                               ctypes.c_float, ctypes.c_float, p, ctypes.c_int]
     lib.lsa_attend.restype = None
     lib.lsa_isa.restype = ctypes.c_int
 
@@ -111,10 +112,11 @@ class NativePlan:
 
 
 def attend_native(lib: ctypes.CDLL, batch: RaggedBatch, group: int, query: torch.Tensor, keys: torch.Tensor,
-                  values: torch.Tensor, scaling: float | None) -> torch.Tensor:
+                  values: torch.Tensor, scaling: float | None, softcap: float | None = None) -> torch.Tensor:
     """One layer's attention for ``batch`` through ``attend.c``. query ``[1, heads, rows, d]`` (the
     rows' keys and values already in the pool); keys/values: the layer's pool tensors ``[slots,
-    kv_heads, entries, d | dv]``. Returns ``[1, rows, heads, dv]`` (pad rows zero)."""
+    kv_heads, entries, d | dv]``; ``softcap``: soft-capped scores (Gemma 2), None for none. Returns
+    ``[1, rows, heads, dv]`` (pad rows zero)."""
     plan = batch.native_plans.get(group)
     if plan is None:
         plan = batch.native_plans[group] = NativePlan.of(batch, group)
@@ -130,5 +132,6 @@ def attend_native(lib: ctypes.CDLL, batch: RaggedBatch, group: int, query: torch
                    keys.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2),
                    values.data_ptr(), values.stride(0), values.stride(1), values.stride(2),
                    heads, keys.shape[1], d, dv, plan.plan.ctypes.data, plan.plan.shape[0],
-                   plan.masks.data_ptr(), scale, out.data_ptr(), torch.get_num_threads())
+                   plan.masks.data_ptr(), scale, float(softcap) if softcap else 0.0, out.data_ptr(),
+                   torch.get_num_threads())
     return out.view(1, batch.rows, heads, dv)

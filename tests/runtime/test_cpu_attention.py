@@ -29,7 +29,8 @@ class Pool:
     def queries(self, rows: int) -> torch.Tensor:
         return torch.randn(rows, self.heads, self.d, generator=self.gen)
 
-    def run(self, q: torch.Tensor, views: list[tuple], lib=None, threads: int | None = None) -> torch.Tensor:
+    def run(self, q: torch.Tensor, views: list[tuple], lib=None, threads: int | None = None,
+            softcap: float = 0.0) -> torch.Tensor:
         """views: (slot, r0, r1, lo, hi, mask) with mask None (all keys), "causal" or bool [n, hi - lo]."""
         lib = lib or cpu_attention.kernel()
         plan, parts, offset = [], [], 0
@@ -49,16 +50,20 @@ class Pool:
                        self.k.data_ptr(), self.k.stride(0), self.k.stride(1), self.k.stride(2),
                        self.v.data_ptr(), self.v.stride(0), self.v.stride(1), self.v.stride(2),
                        self.heads, self.kv_heads, self.d, self.dv, plan_t.data_ptr(), len(plan),
-                       masks.data_ptr(), self.d ** -0.5, out.data_ptr(), threads or torch.get_num_threads())
+                       masks.data_ptr(), self.d ** -0.5, softcap, out.data_ptr(),
+                       threads or torch.get_num_threads())
         return out
 
-    def reference(self, q: torch.Tensor, slot: int, entries: list[int]) -> torch.Tensor:
+    def reference(self, q: torch.Tensor, slot: int, entries: list[int], softcap: float = 0.0) -> torch.Tensor:
         """One row's attention in float64 over the given entries: [heads, dv]."""
         g = self.heads // self.kv_heads
         k = self.k[slot][:, entries].double()  # [kv, L, d]
         v = self.v[slot][:, entries].double()
         qq = q.double().view(self.kv_heads, g, self.d)
-        p = torch.softmax(torch.einsum("kgd,kld->kgl", qq, k) * self.d ** -0.5, -1)
+        scores = torch.einsum("kgd,kld->kgl", qq, k) * self.d ** -0.5
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        p = torch.softmax(scores, -1)
         return torch.einsum("kgl,kld->kgd", p, v).reshape(self.heads, self.dv)
 
 
@@ -95,6 +100,27 @@ def test_it_is_attention_within_float32_noise(shape) -> None:
                 seen = [lo + j for j in range(hi - lo) if mask[i, j]]
             ref = pool.reference(q[r0 + i], slot, seen)
             torch.testing.assert_close(out[r0 + i].double(), ref, rtol=1e-5, atol=2e-6)
+
+
+@needs_kernel
+def test_soft_capped_scores_are_attention_within_float32_noise_and_keep_a_rows_bits() -> None:
+    """Gemma 2's cap * tanh(score / cap) before the softmax: against float64, and a tree row against
+    the same row alone."""
+    pool = Pool(8, 4, 16, 16)
+    q = pool.queries(21)
+    views = [(0, 0, 1, 0, 150, None), (1, 1, 21, 0, 60, _tril(20, 60))]
+    cap = 0.7  # scores of random 16-dim queries and keys reach past it: the cap bites
+    out = pool.run(q, views, softcap=cap)
+    plain = pool.run(q, views)
+    assert not torch.allclose(out, plain)
+    for slot, r0, r1, lo, hi, mask in views:
+        for i in range(r1 - r0):
+            seen = list(range(lo, hi)) if mask is None else [lo + j for j in range(hi - lo) if mask[i, j]]
+            ref = pool.reference(q[r0 + i], slot, seen, softcap=cap)
+            torch.testing.assert_close(out[r0 + i].double(), ref, rtol=1e-5, atol=2e-6)
+    row = 13  # the same row in a one-row view over its visible keys
+    alone = pool.run(q[1 + row:2 + row].contiguous(), [(1, 0, 1, 0, 60 - 20 + row + 1, None)], softcap=cap)
+    assert torch.equal(alone[0], out[1 + row])
 
 
 @needs_kernel
@@ -182,10 +208,10 @@ def test_a_failed_build_falls_back_to_sdpa_or_fails_when_asked_for(monkeypatch, 
 
 
 @needs_kernel
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gemma3", "tiny-gemma2"])
 def test_the_runtime_forward_agrees_with_sdpa(tiny_models, monkeypatch, name) -> None:
-    """The runner's logits with the kernel and with SDPA (per sequence) differ by float noise only,
-    sliding-window layers included."""
+    """The runner's logits with the kernel and with SDPA (per sequence; Gemma 2's soft-capped scores:
+    the attention written out) differ by float noise only, sliding-window layers included."""
     from lookupspec.models import load_model
     from lookupspec.runtime import ModelRunner, SeqRows
 
@@ -207,7 +233,7 @@ def test_the_runtime_forward_agrees_with_sdpa(tiny_models, monkeypatch, name) ->
 
 
 @needs_kernel
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-gemma2"])
 def test_with_both_kernels_the_forward_does_not_depend_on_the_prompt_chunking(tiny_models, name) -> None:
     """The streaming matmul gives a row its bits whatever the row count, and the kernel whatever the
     chunk: a prompt prefilled in any chunks leaves the same KV entries and the same last logits.
