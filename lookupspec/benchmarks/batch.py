@@ -76,7 +76,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="noise: prompts whose logits are compared across forward paths")
     parser.add_argument("--noise-rows", type=_ints, default=[4, 16], help="noise: draft chain lengths")
     parser.add_argument("--epsilon", type=float, default=1e-3,
-                        help="exactness: largest score difference counted as a float near-tie")
+                        help="exactness: the near-tie epsilon in logits (raised to twice the noise "
+                             "section's largest difference where that is more)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads")
     parser.add_argument("--json", type=Path, default=None, help="write every measurement here")
 
