@@ -11,11 +11,12 @@ difference on real prompts, so that bench-batch's exactness section can state it
 from it instead of from a float32 figure.
 
 For each prompt: ``head`` (all but its last ``k`` tokens) is prefilled, then the last ``k`` tokens
-are fed one row at a time (the reference); then, each in a fresh slot after the same head, as one
-chain of ``k`` rows, as that chain inside a tree with sibling rows, as that chain among other
-sequences' one-row steps, and as a prefill of head + chain (its last row only). Each path's rows are
-compared with the reference rows: the largest absolute difference, the largest in steps of the
-model's dtype at the row's largest logit, the rows bit-identical and the rows whose argmax agrees.
+are fed one row at a time (the reference); then, each after the same head (the previous path's rows
+cut off the cache again), as one chain of ``k`` rows, as that chain inside a tree with sibling rows,
+and as that chain among other sequences' one-row steps; and, in a fresh slot, as a prefill of head +
+chain (its last row only). Each path's rows are compared with the reference rows: the largest
+absolute difference, the largest in steps of the model's dtype at the row's largest logit, the rows
+bit-identical and the rows whose argmax agrees.
 """
 
 from __future__ import annotations
@@ -30,16 +31,18 @@ __all__ = ["PATHS", "dtype_step", "dtype_steps", "noise_epsilon", "path_noise"]
 PATHS = ("chain", "tree", "batched", "prefill")
 
 
+def _spacing(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype``'s values at each ``magnitude`` (>= 0; under the smallest normal
+    number, the spacing there)."""
+    finfo = torch.finfo(dtype)
+    _, exponent = torch.frexp(magnitude.clamp_min(finfo.tiny))
+    return finfo.eps * torch.pow(2.0, (exponent - 1).to(torch.float64))
+
+
 def dtype_step(value: float, dtype: torch.dtype) -> float:
     """The spacing of ``dtype``'s values at ``|value|``: bfloat16's is 0.125 between 16 and 32, where
     float32's is 2**-19. A margin in these steps says how many roundings apart two candidates were."""
-    import math
-
-    finfo = torch.finfo(dtype)
-    magnitude = abs(value)
-    if magnitude < finfo.tiny:
-        return float(finfo.tiny) * finfo.eps
-    return finfo.eps * 2.0 ** math.floor(math.log2(magnitude))
+    return float(_spacing(torch.tensor(abs(value), dtype=torch.float64), dtype))
 
 
 def noise_epsilon(rows: Sequence[dict[str, Any]], floor: float) -> float:
@@ -53,47 +56,46 @@ def dtype_steps(reference: torch.Tensor, other: torch.Tensor, dtype: torch.dtype
     """Each row's largest |other - reference| in steps of ``dtype`` at the row's largest reference
     value (the size of its top candidates, where a near-tie is decided): [rows] from [rows, vocab]
     float32 tensors."""
-    finfo = torch.finfo(dtype)
-    _, exponent = torch.frexp(reference.abs().amax(-1).clamp_min(finfo.tiny))
-    step = finfo.eps * torch.pow(2.0, (exponent - 1).to(torch.float32))
-    return (other - reference).abs().amax(-1) / step
+    step = _spacing(reference.abs().amax(-1).double(), dtype)
+    return ((other - reference).abs().amax(-1).double() / step).float()
 
 
-def _rows(runner: Any, head: list[int], tail: list[int], path: str,
-          neighbours: list[list[int]]) -> torch.Tensor:
-    """``tail``'s rows' logits [k, vocab] (float32) after ``head`` along ``path`` (the reference
-    path, one row a forward, is ``"one"``; ``"prefill"`` gives only the last row, [1, vocab])."""
+def _paths(runner: Any, head: list[int], tail: list[int],
+           neighbours: list[list[int]]) -> dict[str, torch.Tensor]:
+    """``tail``'s rows' logits [k, vocab] (float32) after ``head`` along each path and along the
+    reference, one row a forward (``"one"``); ``"prefill"`` holds only the last row, [1, vocab].
+    ``head`` is prefilled once: each path's rows are cut off the cache again after its forward."""
     from lookupspec.runtime import SeqRows
 
     k = len(tail)
-    slot = runner.allocate(len(head) + k + 4)
-    others: list[int] = []
+    slots = [runner.allocate(len(head) + k + 4)]
+    slot = slots[0]
+
+    def rows(logits: torch.Tensor) -> torch.Tensor:
+        runner.pool.truncate(slot, len(head))  # back to the head alone for the next path
+        return logits.float()
+
     try:
-        if path == "prefill":
-            return runner.prefill(slot, head + tail)[None].float()
         runner.prefill(slot, head)
-        if path == "one":
-            return torch.stack([runner.forward([SeqRows(slot, [t])])[-1].float() for t in tail])
-        if path == "chain":
-            return runner.forward([SeqRows(slot, tail)]).float()
-        if path == "tree":  # the chain, then three siblings hanging off its first rows
-            tokens = [*tail, tail[0], tail[-1], head[-1]]
-            parents = [-1, *range(k - 1), -1, 0, min(1, k - 1) if k > 1 else -1]
-            return runner.forward([SeqRows(slot, tokens, parents)])[:k].float()
-        if path == "batched":  # among other sequences' one-row steps, before and after it
-            seqs = []
-            for ids in neighbours:
-                s = runner.allocate(len(ids) + 2)
-                others.append(s)
-                runner.prefill(s, ids[:-1])
-                seqs.append(SeqRows(s, ids[-1:]))
-            half = len(seqs) // 2
-            logits = runner.forward([*seqs[:half], SeqRows(slot, tail), *seqs[half:]])
-            return logits[half:half + k].float()
-        raise ValueError(f"unknown path {path!r}")
+        out = {"one": rows(torch.stack([runner.forward([SeqRows(slot, [t])])[-1] for t in tail])),
+               "chain": rows(runner.forward([SeqRows(slot, tail)]))}
+        # the chain, then three siblings hanging off its first rows
+        tokens = [*tail, tail[0], tail[-1], head[-1]]
+        parents = [-1, *range(k - 1), -1, 0, min(1, k - 1) if k > 1 else -1]
+        out["tree"] = rows(runner.forward([SeqRows(slot, tokens, parents)])[:k])
+        seqs = []  # the chain among other sequences' one-row steps, before and after it
+        for ids in neighbours:
+            slots.append(runner.allocate(len(ids) + 2))
+            runner.prefill(slots[-1], ids[:-1])
+            seqs.append(SeqRows(slots[-1], ids[-1:]))
+        half = len(seqs) // 2
+        batched = runner.forward([*seqs[:half], SeqRows(slot, tail), *seqs[half:]])
+        out["batched"] = rows(batched[half:half + k])
+        slots.append(runner.allocate(len(head) + k + 4))
+        out["prefill"] = runner.prefill(slots[-1], head + tail)[None].float()
+        return out
     finally:
-        runner.free(slot)
-        for s in others:
+        for s in slots:
             runner.free(s)
 
 
@@ -113,11 +115,9 @@ def path_noise(runner: Any, prompts: Sequence[Sequence[int]], rows: Sequence[int
         for prompt in lists:
             if len(prompt) < k + 2:
                 continue
-            head, tail = prompt[:-k], prompt[-k:]
-            reference = _rows(runner, head, tail, "one", others)
+            logits = _paths(runner, prompt[:-k], prompt[-k:], others)
             for path in PATHS:
-                got = _rows(runner, head, tail, path, others)
-                ref = reference[-1:] if path == "prefill" else reference
+                got, ref = logits[path], logits["one"][-len(logits[path]):]
                 s = stats[path]
                 s["rows"] += len(ref)
                 s["identical"] += sum(bool(torch.equal(a, b)) for a, b in zip(ref, got, strict=True))
