@@ -190,11 +190,12 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def _margin(engine: Any, prompt: list[int], reference: list[int], pos: int, other: int,
-            params: Any) -> tuple[float, float]:
+            params: Any, epsilon: float) -> tuple[float, float, bool]:
     """Score difference between the batch-of-one token and the other run's token at output index
-    ``pos``, from a batch-of-one forward over the prompt and the shared prefix; and the same
-    difference in steps of the model's dtype at the two candidates' logit size (scaled by 1 / T
-    when sampling): a float32 margin of 1e-3 is many steps, a bfloat16 one of 0.5 a few."""
+    ``pos``, from a batch-of-one forward over the prompt and the shared prefix; the same difference
+    in steps of the model's dtype at the two candidates' logit size (a float32 margin of 1e-3 is
+    many steps, a bfloat16 one of 0.5 a few); and whether it is a near-tie under ``epsilon``, in
+    logits (the scores of sampling are logits / T: both measures scale by 1 / T there)."""
     import torch
 
     from lookupspec.sampling import gumbel_noise, process_logits
@@ -214,7 +215,7 @@ def _margin(engine: Any, prompt: list[int], reference: list[int], pos: int, othe
         scale = 1.0 / sampling.temperature
     margin = abs(float(scores[reference[pos]] - scores[other]))
     size = max(abs(float(logits[reference[pos]])), abs(float(logits[other])))
-    return margin, margin / (dtype_step(size, engine.runner.dtype) * scale)
+    return margin, margin / (dtype_step(size, engine.runner.dtype) * scale), margin < epsilon * scale
 
 
 def _exactness(engine: Any, requests_greedy: list, requests_sampled: list,
@@ -238,11 +239,10 @@ def _exactness(engine: Any, requests_greedy: list, requests_sampled: list,
                     continue
                 differ += 1
                 if pos < min(len(ref), len(got)):
-                    m, k = _margin(engine, list(prompt), ref, pos, got[pos], params)
+                    m, k, tie = _margin(engine, list(prompt), ref, pos, got[pos], params, epsilon)
                     margins.append(m)
                     steps.append(k)
-                    scale = 1.0 if params.sampling.greedy else 1.0 / params.sampling.temperature
-                    ties += m < epsilon * scale
+                    ties += tie
             rows.append({"mode": label, "batch": b, "prompts": len(requests),
                          "identical": len(requests) - differ, "differ": differ, "near_ties": ties,
                          "other_differences": differ - ties,
