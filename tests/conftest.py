@@ -7,11 +7,24 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist (`make test` runs two workers) each worker gets its share of the cores for torch's
+# intra-op threads, and so do the servers and commands the tests start (they inherit OMP_NUM_THREADS).
+# Two workers of two threads each on two cores spend their time waiting on each other: the four
+# slowest real-model files took 289 s that way against 188 s with one thread per worker (2-core
+# Zen 3). Set before torch is imported; an OMP_NUM_THREADS of the caller's own is kept. Tests of the
+# thread count itself (the native CPU kernels) set their threads explicitly.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _WORKERS))
+
 # Triton kernels run under the interpreter on machines without CUDA; this must be set before triton
 # is imported anywhere in the session.
 try:
     import torch
 
+    if _WORKERS > 1:  # in case a plugin imported torch before this file
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     _cuda = torch.cuda.is_available()
 except ImportError:  # pragma: no cover - torch is a hard dependency
     _cuda = False
@@ -21,20 +34,21 @@ if not _cuda:
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 
-# The slowest files, slowest first (seconds of a serial run on a 2-core development machine). `make
-# test` runs the suite in two worker processes that take whole files in collection order
-# (pytest-xdist's --dist loadfile), so a long file collected last would run alone at the end: these
-# are collected first. An ordering hint only; every file runs either way.
+# The slowest files, slowest first (seconds each took in `make test`, two workers of one thread, on
+# a 2-core Zen 3). The workers take whole files in collection order (pytest-xdist's --dist loadfile),
+# so a long file collected last would run alone at the end: these are collected first. An ordering
+# hint only; every file runs either way.
 SLOW_FILES_FIRST = (
-    "test_real_model_spec.py",  # ~260 s
-    "clients/test_summarize.py",  # ~95
-    "test_readme.py",  # ~85
-    "test_cli.py",  # ~65
-    "engine/test_batch_step.py",  # ~55
+    "test_real_model_spec.py",  # ~250 s
+    "clients/test_summarize.py",  # ~140
+    "test_readme.py",  # ~115
+    "test_cli.py",  # ~90
+    "engine/test_warmup_variants.py",  # ~60
+    "runtime/test_prefix_cache.py",  # ~50
+    "test_bench.py",  # ~50
+    "gateway/test_gateway_redis.py",  # ~50
     "test_real_model.py",  # ~45
-    "engine/test_warmup_variants.py",  # ~40-60
-    "clients/test_client.py",  # ~40
-    "runtime/test_prefix_cache.py",  # ~35
+    "gateway/test_gateway_embedded.py",  # ~40
 )
 
 

@@ -185,3 +185,38 @@ def test_bench_systems_with_and_without_the_lean_forward(tiny_models) -> None:
     prompt = list(range(3, 60)) + list(range(3, 30))
     runs = [s.generate(prompt, 24).tokens for s in systems.values()]
     assert runs[0] == runs[1] == runs[2]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral"])
+def test_the_served_forward_gives_the_same_bits_at_every_thread_count(tiny_models, name) -> None:
+    """The forward the engine serves (packed layers, the lean path, its native steps) splits work by
+    torch's thread count; every row's bits must not depend on it. `make test` runs its workers with
+    one thread each (tests/conftest.py), so this test sets the counts itself."""
+    from lookupspec.models import load_model
+    from lookupspec.runtime import prepare_models
+
+    model = load_model(str(tiny_models[name])).model
+    prepare_models(model)
+    torch.manual_seed(0)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(3, vocab, (n,)).tolist() for n in (70, 9, 33)]
+    steps = [[torch.randint(3, vocab, (n,)).tolist() for _ in prompts] for n in (1, 5, 12)]
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            runner = ModelRunner(model, context_window=4096)
+            assert runner.lean is not None
+            slots = [runner.allocate(len(p) + 64) for p in prompts]
+            out = [runner.prefill(s, p) for s, p in zip(slots, prompts, strict=True)]
+            for tokens in steps:
+                parents = [-1] + [max(i - 2, -1) for i in range(len(tokens[0]) - 1)]
+                rows = [SeqRows(s, t, parents) for s, t in zip(slots, tokens, strict=True)]
+                out.append(runner.forward(rows))
+            results.append(out)
+    finally:
+        torch.set_num_threads(before)
+    for threads, out in zip((2, 3), results[1:], strict=True):
+        for i, (got, want) in enumerate(zip(out, results[0], strict=True)):
+            assert torch.equal(got, want), f"{threads} threads, forward {i}: {(got - want).abs().max():.3g}"
