@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 # pytest worker processes for `make test` / `make test-fast` (pytest-xdist; whole files per worker, the
-# slowest first: see tests/conftest.py), each with its share of the cores for torch's threads (two
+# slowest first: see tests/suite_plan.py), each with its share of the cores for torch's threads (two
 # workers on two cores: one thread each). 0 runs the suite in this process, one test after another.
 TEST_WORKERS ?= 2
 PYTEST_RUN = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile

@@ -33,8 +33,9 @@ FIXTURES = ROOT / "fixtures"
 
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-xdist hands out whole files (`--dist loadfile`) in the order of the collection, which
-    # puts the slow files first (below), unless it reorders them by their number of tests (its
-    # default): that sent the slow real-model files, which have few tests, to the end of the run.
+    # puts the slow files first (pytest_collection_modifyitems, tests/suite_plan.py), unless it
+    # reorders them by their number of tests (its default): that sent the slow real-model files,
+    # which have few tests, to the end of the run.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 

@@ -2,7 +2,7 @@
 
 Threads: each worker runs torch on its share of the cores, and so do the servers and commands the
 tests start (they inherit ``OMP_NUM_THREADS``). Two workers of two threads each on two cores spent
-their time waiting on each other: side by side on a 2-core Zen 3, the four slowest real-model files
+their time waiting on each other: side by side on a 2-core Zen 3, four of the slowest files
 took 289 and 334 s that way against 188 and 176 s with one thread a worker. An ``OMP_NUM_THREADS``
 of the caller's own is kept. Tests of the thread count itself (the native CPU kernels, the served
 forward) set their threads explicitly.

@@ -87,8 +87,8 @@ def test_lookup_tree_speculation_equals_plain_greedy(engines, plain_outputs, rea
 
 
 # Every combination on one prompt per kind, but the draft model alone on two kinds: it drafts one
-# forward per token (~17 s a prompt on two cores), and its exactness on every family is also tested
-# on the tiny models (tests/engine/test_spec_exactness.py).
+# forward per token (~17 s a prompt on two cores), and its exactness is also tested on both tiny
+# families (tests/engine/test_spec_exactness.py).
 COMBOS = [(combo, row) for combo in ("lookup-chain", "draft-model-only", "lookup+draft-model")
           for row in (PROMPTS_4[:2] if combo == "draft-model-only" else PROMPTS_4)]
 
