@@ -191,7 +191,7 @@ def test_bench_systems_with_and_without_the_lean_forward(tiny_models) -> None:
 def test_the_served_forward_gives_the_same_bits_at_every_thread_count(tiny_models, name) -> None:
     """The forward the engine serves (packed layers, the lean path, its native steps) splits work by
     torch's thread count; every row's bits must not depend on it. `make test` runs its workers with
-    one thread each (tests/conftest.py), so this test sets the counts itself."""
+    one thread each (tests/suite_plan.py), so this test sets the counts itself."""
     from lookupspec.models import load_model
     from lookupspec.runtime import prepare_models
 
