@@ -17,6 +17,8 @@ The convention (also in the comment at the top of README.md):
   error, so a new block is either run or explicitly not.
 - Every ``lookupspec ...`` line of a bash block, skipped or not, must parse with the CLI's own parser
   (unknown commands, flags and choices fail; nothing runs).
+- ``docs/*.md`` (the benchmark records the README points to) follow the same fences, and their
+  ``lookupspec ...`` lines must parse too; their blocks never run.
 
 A failing block fails the test with ``README.md:LINE`` and the end of its output. Environment:
 ``LOOKUPSPEC_README_VENV=/path/to/.venv`` runs the blocks and the server with another virtual
@@ -44,6 +46,7 @@ from redis_harness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python", "py": "python"}
 _FENCE = re.compile(r"^ {0,3}```\s*([\w+-]*)(?:\s.*)?$")  # ```bash, ```python title="x", a bare ```
 _MARKER = re.compile(r"^\s*<!--\s*readme-test:(.*?)-->\s*$")
@@ -57,17 +60,19 @@ class Block:
     language: str  # the fence's info string, lower-cased ("" when none)
     code: str
     skip: str | None  # the skip marker's reason
+    source: str = "README.md"
 
     @property
     def runner(self) -> str | None:
         return RUNNABLE.get(self.language)
 
     def __str__(self) -> str:
-        return f"README.md:{self.line} (```{self.language} block)"
+        return f"{self.source}:{self.line} (```{self.language} block)"
 
 
-def parse_blocks(text: str) -> tuple[list[Block], list[str]]:
-    """The fenced blocks of a Markdown text, and the convention's violations (as messages)."""
+def parse_blocks(text: str, source: str = "README.md") -> tuple[list[Block], list[str]]:
+    """The fenced blocks of a Markdown text, and the convention's violations (as messages naming
+    ``source``)."""
     lines = text.splitlines()
     blocks: list[Block] = []
     errors: list[str] = []
@@ -80,7 +85,7 @@ def parse_blocks(text: str) -> tuple[list[Block], list[str]]:
         if marker:
             skip = _SKIP.match(marker.group(1))
             if skip is None:
-                errors.append(f"README.md:{i + 1}: unknown readme-test directive {line.strip()!r}; "
+                errors.append(f"{source}:{i + 1}: unknown readme-test directive {line.strip()!r}; "
                               "write <!-- readme-test: skip (REASON) -->")
             else:
                 pending = (i + 1, skip.group(1).strip())
@@ -88,23 +93,23 @@ def parse_blocks(text: str) -> tuple[list[Block], list[str]]:
             language = fence.group(1).lower()
             end = next((j for j in range(i + 1, len(lines)) if re.match(r"^ {0,3}```\s*$", lines[j])), None)
             if end is None:
-                errors.append(f"README.md:{i + 1}: code block never closed")
+                errors.append(f"{source}:{i + 1}: code block never closed")
                 break
             if not language:
-                errors.append(f"README.md:{i + 1}: code block without a language: name it (bash/python "
+                errors.append(f"{source}:{i + 1}: code block without a language: name it (bash/python "
                               "run, unless marked skip; text, json, ... never run)")
             blocks.append(Block(i + 1, language, "\n".join(lines[i + 1:end]) + "\n",
-                                pending[1] if pending else None))
+                                pending[1] if pending else None, source))
             if pending and blocks[-1].runner is None:
-                errors.append(f"README.md:{pending[0]}: skip marker on a block that would not run anyway")
+                errors.append(f"{source}:{pending[0]}: skip marker on a block that would not run anyway")
             pending = None
             i = end
         elif line.strip() and pending:
-            errors.append(f"README.md:{pending[0]}: skip marker not right before a code block")
+            errors.append(f"{source}:{pending[0]}: skip marker not right before a code block")
             pending = None
         i += 1
     if pending:
-        errors.append(f"README.md:{pending[0]}: skip marker not right before a code block")
+        errors.append(f"{source}:{pending[0]}: skip marker not right before a code block")
     return blocks, errors
 
 
@@ -137,6 +142,17 @@ def _readme_blocks() -> list[Block]:
     blocks, errors = parse_blocks(README.read_text(encoding="utf-8"))
     assert not errors, "README.md breaks the code-block convention (see tests/test_readme.py):\n" + \
         "\n".join(errors)
+    return blocks
+
+
+def _docs_blocks() -> list[Block]:
+    """The blocks of docs/*.md: records of what ran (benchmark commands, mostly), never run by the
+    tests, but written to the same convention, and their command lines must parse."""
+    blocks: list[Block] = []
+    for path in sorted(DOCS.glob("*.md")):
+        found, errors = parse_blocks(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+        assert not errors, f"{path} breaks the code-block convention:\n" + "\n".join(errors)
+        blocks += found
     return blocks
 
 
@@ -179,15 +195,17 @@ def test_readme_follows_the_code_block_convention() -> None:
     assert len(_runnable_blocks()) >= 8, "the README's examples are meant to run; most blocks should"
 
 
-def test_every_lookupspec_command_line_in_the_readme_parses() -> None:
+def test_every_lookupspec_command_line_in_the_readme_and_docs_parses() -> None:
     from lookupspec.cli import COMMANDS, build_parser
 
     checked = 0
-    for block in _readme_blocks():
+    docs = _docs_blocks()
+    assert any(b.runner == "bash" for b in docs), "docs/serving-benchmarks.md records its commands"
+    for block in _readme_blocks() + docs:
         if block.runner != "bash":
             continue
         for offset, argv in command_lines(block.code):
-            where = f"README.md:{block.line + 1 + offset}"
+            where = f"{block.source}:{block.line + 1 + offset}"
             command = next((a for a in argv if not a.startswith("-")), None)
             assert command is None or command in COMMANDS, f"{where}: unknown command {command!r}"
             said = io.StringIO()
