@@ -15,6 +15,7 @@ model spec that is neither a local path nor a named default is refused before tr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,40 @@ def _find_wheel_gguf(spec: NamedModel, log: Callable[[str], None]) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """Within this block, gguf builds each file's reader and each tensor-name map once.
+
+    transformers parses a GGUF file's metadata afresh for the config, the tokenizer and the weights
+    (three readers; SmolLM2's ~50k-token vocabulary makes each ~8 s on a 2-core machine) and builds
+    gguf's tensor-name map again for every submodule it maps (397 times for SmolLM2). Both are only
+    read once built, so the block hands out one reader per file and one map per (architecture,
+    layers). SmolLM2's pull on a 2-core Zen 3: 47.4 s -> 25.5 s, every saved file byte-identical
+(sha256; lookupspec.json aside, which names the source path)."""
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, Any], Any] = {}
+    maps: dict[tuple[Any, int], Any] = {}
+
+    def reader(path: Any, mode: Any = "r") -> Any:
+        key = (os.path.realpath(os.fspath(path)), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    def name_map(arch: Any, n_blocks: int) -> Any:
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = real_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map  # type: ignore[misc]
+
+
 def _dequantize_gguf(gguf_path: Path, out_dir: Path, log: Callable[[str], None], name: str) -> Path:
     """Load a GGUF checkpoint through transformers (dequantizing it) and save safetensors + tokenizer
     into ``out_dir`` atomically (a half-written directory is never left behind)."""
@@ -140,8 +175,9 @@ def _dequantize_gguf(gguf_path: Path, out_dir: Path, log: Callable[[str], None],
 
     log(f"dequantizing {gguf_path.name} (once; later loads use the saved copy) ...")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        with _gguf_parsed_once():
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise ModelLoadError(f"cannot load GGUF file {gguf_path}: {exc}") from exc
     # The weights are plain tensors now; drop the GGUF quantizer so the checkpoint is an ordinary one.

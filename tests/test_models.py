@@ -127,3 +127,37 @@ def test_chat_template_rendering(tiny_models):
     assert tok.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(ValueError, match=r"messages\[0\]"):
         render_chat(tok, [{"content": "no role"}])
+
+
+def test_gguf_parsed_once_shares_readers_and_name_maps_inside_the_block_only(tmp_path):
+    """The pull-time speed-up hands out one gguf reader per file and one tensor-name map per
+    (architecture, layers) inside its block, and gives gguf its own functions back afterwards, an
+    error included."""
+    import gguf
+
+    from lookupspec.models import _gguf_parsed_once
+
+    paths = []
+    for name in ("a", "b"):
+        writer = gguf.GGUFWriter(str(tmp_path / f"{name}.gguf"), "llama")
+        writer.add_block_count(2)
+        writer.add_string("general.name", name)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        paths.append(tmp_path / f"{name}.gguf")
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    llama = gguf.MODEL_ARCH.LLAMA
+    with pytest.raises(RuntimeError, match="inside"), _gguf_parsed_once():
+        a = gguf.GGUFReader(paths[0])
+        assert gguf.GGUFReader(str(paths[0])) is a
+        b = gguf.GGUFReader(paths[1])
+        assert b is not a
+        assert bytes(a.fields["general.name"].parts[-1]) == b"a"
+        assert bytes(b.fields["general.name"].parts[-1]) == b"b"
+        assert gguf.get_tensor_name_map(llama, 2) is gguf.get_tensor_name_map(llama, 2)
+        assert gguf.get_tensor_name_map(llama, 3) is not gguf.get_tensor_name_map(llama, 2)
+        raise RuntimeError("inside")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (real_reader, real_map)
+    assert gguf.GGUFReader(paths[0]) is not gguf.GGUFReader(paths[0])
