@@ -73,15 +73,20 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.torch
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
+# The default model, and beside it numba's kernel caches (compiled once here rather than in every
+# process that first needs them: lookupspec/index/jitcache.py).
+PULL = $(BIN)/python -c 'from lookupspec.index.jitcache import compile_all; compile_all()' & jit=$$!; \
+	$(BIN)/lookupspec pull smollm2-135m-instruct && wait $$jit
+
 pull: $(VENV)/.installed
-	$(BIN)/lookupspec pull smollm2-135m-instruct
+	$(PULL)
 
 serve: pull
 	$(BIN)/lookupspec serve --host 127.0.0.1 --port 8000
 
 # The whole suite, real-model tests included (they are marked `real_model` and run here too).
 test: install-test
-	$(BIN)/lookupspec pull smollm2-135m-instruct
+	$(PULL)
 	$(PYTEST_RUN) $(PYTEST_ARGS)
 
 # Everything but the real-model tests, for quick iterations.
