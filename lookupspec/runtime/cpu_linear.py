@@ -43,6 +43,7 @@ read once either way) and makes every row count agree. The probe runs on either 
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -106,6 +107,11 @@ def _matmul(x: torch.Tensor, product: Product, pad_single: bool) -> torch.Tensor
 
 
 _ROW_MEMO: dict[tuple, bool | None] = {}
+# FusedLinears.fuse's probe verdicts: whether stacking parts of these shapes, for this backend and
+# library, gives their outputs bit for bit (a property of the kernels and shapes, as above)
+_FUSE_MEMO: dict[tuple, bool] = {}
+# FusedLinears alive, by the identities of their parts: engines built on one model share them
+_FUSED: weakref.WeakValueDictionary[tuple, FusedLinears] = weakref.WeakValueDictionary()
 
 
 def single_row_differs(product: Product, key: tuple, in_features: int) -> bool | None:
@@ -197,6 +203,7 @@ class FusedLinears:
             first = parts[0].weights  # the parts' own library, whatever the environment says now
             lib = first.lib if isinstance(first, cpu_gemm.StreamWeights) else None
             self.weights: Weights = _weights(stacked, bias, batch_hint, lib)
+        self.parts = tuple(parts)  # kept alive with the fusion, so their identities stay theirs
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
         self.pad_single = bool(single_row_differs(self.weights, _key(self.weights, self.in_features,
@@ -208,17 +215,31 @@ class FusedLinears:
 
     @classmethod
     def fuse(cls, parts: Sequence[PackedLinear], batch_hint: int = _BATCH_HINT) -> FusedLinears | None:
+        """The parts as one product, or None where they cannot be fused or the probe finds a
+        difference. The probe runs once a process for each backend, library and shapes (a model's
+        layers share theirs), and while a fusion of these very parts is alive (another engine on
+        the same model holds it) that one is returned, not a second copy of the weights."""
         if len(parts) < 2 or len({p.in_features for p in parts}) != 1:
             return None
         if len({p.bias is None for p in parts}) != 1 or len({p.backend for p in parts}) != 1:
             return None
+        alive = _FUSED.get((tuple(map(id, parts)), batch_hint))
+        if alive is not None and all(a is b for a, b in zip(alive.parts, parts, strict=True)):
+            return alive
+        key = (parts[0].backend, getattr(parts[0].weights, "lib", None), parts[0].in_features,
+               tuple(p.out_features for p in parts), parts[0].bias is not None, batch_hint)
+        if _FUSE_MEMO.get(key) is False:
+            return None
         fused = cls(parts, batch_hint)
-        gen = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for rows in _PROBE_ROWS:
-                x = torch.randn(1, rows, fused.in_features, generator=gen)
-                if not torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=-1)):
-                    return None
+        if key not in _FUSE_MEMO:
+            gen = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                _FUSE_MEMO[key] = all(
+                    torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=-1))
+                    for x in (torch.randn(1, rows, fused.in_features, generator=gen) for rows in _PROBE_ROWS))
+        if not _FUSE_MEMO[key]:
+            return None
+        _FUSED[tuple(map(id, parts)), batch_hint] = fused
         return fused
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -105,3 +105,53 @@ def test_fused_linears_equal_their_parts_bit_for_bit(backend) -> None:
     assert FusedLinears.fuse([one]) is None  # nothing to fuse
     assert FusedLinears.fuse([one, PackedLinear(torch.nn.Linear(32, 8))]) is None  # another input width
     assert FusedLinears.fuse([one, PackedLinear(torch.nn.Linear(576, 8, bias=True))]) is None  # some biased
+
+
+def test_fusion_is_probed_once_per_backend_library_and_shapes(backend, monkeypatch) -> None:
+    """A model's layers share their shapes, so the fusion probe (products of up to 200 rows, both
+    ways) runs once a process for each: SmolLM2's 60 fusions probed 2 shape sets instead of 60. A
+    verdict either way is kept; other shapes are probed afresh."""
+    from lookupspec.runtime import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "_FUSE_MEMO", {})
+    probes = []
+    real = FusedLinears.__call__
+
+    def counting(self, x):
+        probes.append(x.shape[-2])
+        return real(self, x)
+
+    monkeypatch.setattr(FusedLinears, "__call__", counting)
+
+    def fuse(*outs):
+        return FusedLinears.fuse([PackedLinear(torch.nn.Linear(64, n)) for n in outs])
+
+    once = len(cpu_linear._PROBE_ROWS)
+    assert fuse(48, 16) is not None and len(probes) == once
+    assert fuse(48, 16) is not None and len(probes) == once  # other weights, same shapes: no probe
+    assert fuse(16, 48) is not None and len(probes) == 2 * once  # another split is probed
+    monkeypatch.setattr(FusedLinears, "__call__", lambda self, x: counting(self, x) + 1)  # never equal
+    assert fuse(32, 32) is None and len(probes) == 2 * once + 1  # refused at the first row count
+    assert fuse(32, 32) is None and len(probes) == 2 * once + 1  # and the refusal is kept
+
+
+def test_engines_on_one_model_share_its_fusions(backend) -> None:
+    """A second fusion of the very same parts (a second engine on one model) is the first one, not
+    another copy of the weights; once no one holds it, the parts are fused afresh."""
+    import gc
+
+    from lookupspec.runtime import cpu_linear
+
+    parts = [PackedLinear(torch.nn.Linear(64, n)) for n in (48, 16)]
+    first = FusedLinears.fuse(parts)
+    assert first is not None and FusedLinears.fuse(parts) is first
+    assert FusedLinears.fuse(list(reversed(parts))) is not first  # other parts, another product
+    assert FusedLinears.fuse([PackedLinear(torch.nn.Linear(64, n)) for n in (48, 16)]) is not first
+    held = len(cpu_linear._FUSED)
+    del first
+    gc.collect()
+    assert len(cpu_linear._FUSED) == held - 1  # the weights went with their last holder
+    again = FusedLinears.fuse(parts)
+    assert again is not None and again.parts == tuple(parts)
+    x = torch.randn(1, 5, 64)
+    assert torch.equal(again(x), torch.cat([p(x) for p in parts], dim=-1))
