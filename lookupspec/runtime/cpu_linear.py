@@ -107,8 +107,8 @@ def _matmul(x: torch.Tensor, product: Product, pad_single: bool) -> torch.Tensor
 
 
 _ROW_MEMO: dict[tuple, bool | None] = {}
-# FusedLinears.fuse's probe verdicts: whether stacking parts of these shapes, for this backend and
-# library, gives their outputs bit for bit (a property of the kernels and shapes, as above)
+# FusedLinears.fuse's probe verdicts: whether stacking parts of these shapes, for this backend,
+# library and thread count, gives their outputs bit for bit (a property of the kernels and shapes)
 _FUSE_MEMO: dict[tuple, bool] = {}
 # FusedLinears alive, by the identities of their parts: engines built on one model share them
 _FUSED: weakref.WeakValueDictionary[tuple, FusedLinears] = weakref.WeakValueDictionary()
@@ -216,21 +216,22 @@ class FusedLinears:
     @classmethod
     def fuse(cls, parts: Sequence[PackedLinear], batch_hint: int = _BATCH_HINT) -> FusedLinears | None:
         """The parts as one product, or None where they cannot be fused or the probe finds a
-        difference. The probe runs once a process for each backend, library and shapes (a model's
-        layers share theirs), and while a fusion of these very parts is alive (another engine on
-        the same model holds it) that one is returned, not a second copy of the weights."""
+        difference. The probe runs once a process for each backend, library, thread count and
+        shapes (a model's layers share theirs); while a fusion of these very parts is alive (another
+        engine on the same model holds it), that one is returned, not a second copy of the weights."""
         if len(parts) < 2 or len({p.in_features for p in parts}) != 1:
             return None
         if len({p.bias is None for p in parts}) != 1 or len({p.backend for p in parts}) != 1:
             return None
-        alive = _FUSED.get((tuple(map(id, parts)), batch_hint))
-        if alive is not None and all(a is b for a, b in zip(alive.parts, parts, strict=True)):
-            return alive
         key = (parts[0].backend, getattr(parts[0].weights, "lib", None), parts[0].in_features,
-               tuple(p.out_features for p in parts), parts[0].bias is not None, batch_hint)
+               tuple(p.out_features for p in parts), parts[0].bias is not None, batch_hint,
+               torch.get_num_threads())
         if _FUSE_MEMO.get(key) is False:
             return None
-        fused = cls(parts, batch_hint)
+        ids = (tuple(map(id, parts)), batch_hint)
+        fused = _FUSED.get(ids)
+        if fused is None or any(a is not b for a, b in zip(fused.parts, parts, strict=True)):
+            fused = cls(parts, batch_hint)
         if key not in _FUSE_MEMO:
             gen = torch.Generator().manual_seed(0)
             with torch.no_grad():
@@ -239,7 +240,7 @@ class FusedLinears:
                     for x in (torch.randn(1, rows, fused.in_features, generator=gen) for rows in _PROBE_ROWS))
         if not _FUSE_MEMO[key]:
             return None
-        _FUSED[tuple(map(id, parts)), batch_hint] = fused
+        _FUSED[ids] = fused
         return fused
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -133,6 +133,13 @@ def test_fusion_is_probed_once_per_backend_library_and_shapes(backend, monkeypat
     monkeypatch.setattr(FusedLinears, "__call__", lambda self, x: counting(self, x) + 1)  # never equal
     assert fuse(32, 32) is None and len(probes) == 2 * once + 1  # refused at the first row count
     assert fuse(32, 32) is None and len(probes) == 2 * once + 1  # and the refusal is kept
+    monkeypatch.setattr(FusedLinears, "__call__", counting)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert fuse(48, 16) is not None and len(probes) == 3 * once + 1  # another thread count
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_engines_on_one_model_share_its_fusions(backend) -> None:
