@@ -143,7 +143,7 @@ def _gguf_parsed_once() -> Iterator[None]:
     gguf's tensor-name map again for every submodule it maps (397 times for SmolLM2). Both are only
     read once built, so the block hands out one reader per file and one map per (architecture,
     layers). SmolLM2's pull on a 2-core Zen 3: 47.4 s -> 25.5 s, every saved file byte-identical
-(sha256; lookupspec.json aside, which names the source path)."""
+    (sha256; lookupspec.json aside, which names the source path)."""
     import gguf
 
     real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
