@@ -228,10 +228,9 @@ class FusedLinears:
                torch.get_num_threads())
         if _FUSE_MEMO.get(key) is False:
             return None
+        # a live fusion holds its parts, so while it is in _FUSED their ids are theirs alone
         ids = (tuple(map(id, parts)), batch_hint)
-        fused = _FUSED.get(ids)
-        if fused is None or any(a is not b for a, b in zip(fused.parts, parts, strict=True)):
-            fused = cls(parts, batch_hint)
+        fused = _FUSED.get(ids) or cls(parts, batch_hint)
         if key not in _FUSE_MEMO:
             gen = torch.Generator().manual_seed(0)
             with torch.no_grad():
