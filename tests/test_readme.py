@@ -138,22 +138,22 @@ def command_lines(code: str) -> Iterator[tuple[int, list[str]]]:
         yield start, argv
 
 
-def _readme_blocks() -> list[Block]:
-    blocks, errors = parse_blocks(README.read_text(encoding="utf-8"))
-    assert not errors, "README.md breaks the code-block convention (see tests/test_readme.py):\n" + \
+def _file_blocks(path: Path) -> list[Block]:
+    name = str(path.relative_to(ROOT))
+    blocks, errors = parse_blocks(path.read_text(encoding="utf-8"), name)
+    assert not errors, f"{name} breaks the code-block convention (see tests/test_readme.py):\n" + \
         "\n".join(errors)
     return blocks
+
+
+def _readme_blocks() -> list[Block]:
+    return _file_blocks(README)
 
 
 def _docs_blocks() -> list[Block]:
     """The blocks of docs/*.md: records of what ran (benchmark commands, mostly), never run by the
     tests, but written to the same convention, and their command lines must parse."""
-    blocks: list[Block] = []
-    for path in sorted(DOCS.glob("*.md")):
-        found, errors = parse_blocks(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
-        assert not errors, f"{path} breaks the code-block convention:\n" + "\n".join(errors)
-        blocks += found
-    return blocks
+    return [b for path in sorted(DOCS.glob("*.md")) for b in _file_blocks(path)]
 
 
 # ---- the convention (quick, no model) ------------------------------------------------------------
