@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("lookupspec.commands.generate", "generate text for one prompt, streamed to the terminal"),
     "summarize": ("lookupspec.commands.summarize", "summarize many documents (JSONL or a folder), resumably"),
     "pull": ("lookupspec.commands.pull", "fetch and convert a named default model into the local cache"),
+    "random-model": ("lookupspec.commands.random_model",
+                     "a model of another's exact shape and tokenizer with random weights"),
     "bench": ("lookupspec.benchmarks.engine", "end-to-end decode benchmark against Hugging Face peers"),
     "bench-replay": ("lookupspec.benchmarks.replay", "draft budgets and batch policies on replayed outputs"),
     "bench-batch": ("lookupspec.benchmarks.batch", "step cost, throughput and exactness of batched decoding"),
