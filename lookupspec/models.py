@@ -40,6 +40,7 @@ __all__ = [
     "load_model",
     "load_tokenizer",
     "lookupspec_home",
+    "model_dir_written",
     "pull",
     "render_chat",
     "render_chat_text",
@@ -135,6 +136,25 @@ def _find_wheel_gguf(spec: NamedModel, log: Callable[[str], None]) -> Path:
 
 
 @contextlib.contextmanager
+def model_dir_written(out_dir: Path) -> Iterator[Path]:
+    """A fresh directory beside ``out_dir`` for the block to fill; when the block ends it takes
+    ``out_dir``'s place (whatever was there is replaced), and if the block fails it is removed: a
+    half-written model directory is never left behind."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        yield tmp
+        if out_dir.is_dir():
+            shutil.rmtree(out_dir)
+        elif out_dir.exists():
+            out_dir.unlink()
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def _gguf_parsed_once() -> Iterator[None]:
     """Within this block, gguf builds each file's reader and each tensor-name map once.
 
@@ -185,20 +205,12 @@ def _dequantize_gguf(gguf_path: Path, out_dir: Path, log: Callable[[str], None],
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config._name_or_path = name
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with model_dir_written(out_dir) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         (tmp / "lookupspec.json").write_text(
             json.dumps({"name": name, "source": str(gguf_path)}, indent=2) + "\n"
         )
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     log(f"saved {out_dir}")
     return out_dir
 

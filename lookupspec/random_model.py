@@ -22,13 +22,11 @@ dtype="bfloat16")`` writes a 270 MB bfloat16 model of SmolLM2-135M's shape with 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from lookupspec.models import ModelLoadError, resolve_model_path
+from lookupspec.models import ModelLoadError, model_dir_written, resolve_model_path
 
 __all__ = ["TOKENIZER_FILES", "build_random_model"]
 
@@ -87,10 +85,7 @@ def build_random_model(source: str, out: Path, *, seed: int = 0, initializer_ran
         f"{getattr(config, 'initializer_range', 'default')}, {dtype}) ...")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    model.config._name_or_path = str(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with model_dir_written(out) as tmp:
         model.save_pretrained(str(tmp))
         for name in copied:
             assert files_from is not None
@@ -99,12 +94,6 @@ def build_random_model(source: str, out: Path, *, seed: int = 0, initializer_ran
                 "initializer_range": getattr(config, "initializer_range", None), "dtype": dtype,
                 "tokenizer_from": str(files_from) if files_from is not None else None}
         (tmp / "lookupspec.json").write_text(json.dumps(note, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     params = sum(p.numel() for p in model.parameters())
     log(f"saved {out} ({params / 1e6:.1f}M parameters{'' if copied else ', no tokenizer'})")
     return out
