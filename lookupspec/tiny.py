@@ -9,7 +9,6 @@ default 0.02 a random model's logits are nearly flat and greedy decoding would s
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 __all__ = ["BASIC_MODELS", "FIXTURES", "TINY_MODELS", "build_tiny_model"]
@@ -23,20 +22,12 @@ BASIC_MODELS = ("tiny-llama", "tiny-qwen2")
 
 
 def build_tiny_model(name: str, out_dir: Path, *, seed: int = 0, fixtures: Path = FIXTURES) -> Path:
-    """Build ``fixtures/models/<name>`` with random weights from ``seed`` into ``out_dir``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """Build ``fixtures/models/<name>`` with random weights from ``seed`` into ``out_dir`` (replacing
+    whatever is there), with the fixture tokenizer: ``lookupspec random-model``'s build, silently."""
+    from lookupspec.random_model import build_random_model
 
-    config_dir = fixtures / "models" / name
-    if not (config_dir / "config.json").is_file():
-        raise FileNotFoundError(f"no tiny model config at {config_dir}")
-    config = AutoConfig.from_pretrained(str(config_dir))
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir))
-    for f in (fixtures / "tokenizer").iterdir():
-        if f.is_file():
-            shutil.copy(f, out_dir / f.name)
-    return out_dir
+    config = fixtures / "models" / name / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"no tiny model config at {config.parent}")
+    return build_random_model(str(config), Path(out_dir), seed=seed, tokenizer=fixtures / "tokenizer",
+                              force=True, log=lambda _: None)
