@@ -172,11 +172,13 @@ static inline vec dot_lanes(const float *q, const float *k, long d) {
     return acc;
 }
 
-/* The end of a row's visible keys that lie before entry `limit`, from c0 (idx ascending). Without a
-   mask a row's visible entries are lo, lo + 1, ..., so the end is counted rather than searched. */
-static inline long block_end(const int *idx, long cnt, long c0, long limit, long lo, int masked) {
-    if (!masked) {
-        long end = limit - lo < cnt ? limit - lo : cnt;
+/* The end of a row's visible keys that lie before entry `limit`, from c0 (idx ascending). Where the
+   row's visible entries are consecutive (first, first + 1, ...: every row without a mask, and the
+   masked rows of a prompt chunk after a cache or a sliding window), `first` >= 0 and the end is
+   counted rather than searched; elsewhere `first` is -1. */
+static inline long block_end(const int *idx, long cnt, long c0, long limit, long first) {
+    if (first >= 0) {
+        long end = limit - first < cnt ? limit - first : cnt;
         return end > c0 ? end : c0;
     }
     while (c0 < cnt && idx[c0] < limit) c0++;
@@ -190,7 +192,7 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
     long g = J->heads / J->kv_heads, d = J->d, dv = J->dv, cap = S->cap, stride = cap + 16;
     const float *kb = J->k + slot * J->k_slot + kh * J->k_head;
     const float *vb = J->v + slot * J->v_slot + kh * J->v_head;
-    long cnt[RB], cur[RB];
+    long cnt[RB], cur[RB], first[RB];
     for (long r = 0; r < nr; r++) { /* visible entries */
         long i = i0 + r, c = 0;
         int *idx = S->idx + r * cap;
@@ -203,13 +205,14 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
             for (long j = 0; j < see; j++) idx[c++] = (int)(lo + j);
         }
         cnt[r] = c;
+        first[r] = c == 0 ? lo : idx[c - 1] - idx[0] == c - 1 ? idx[0] : -1;
     }
     /* scores, block by block of entries; a row's keys in groups of KB summed by one transpose */
     for (long r = 0; r < nr; r++) cur[r] = 0;
     for (long e0 = lo; e0 < lo + keys; e0 += EB) {
         for (long r = 0; r < nr; r++) {
             const int *idx = S->idx + r * cap;
-            long c0 = cur[r], c1 = block_end(idx, cnt[r], c0, e0 + EB, lo, kind == 2);
+            long c0 = cur[r], c1 = block_end(idx, cnt[r], c0, e0 + EB, first[r]);
             const float *qr = J->q + (P[1] + i0 + r) * J->q_row + kh * g * J->q_head;
             for (long t = 0; t < g; t++) {
                 const float *qp = qr + t * J->q_head;
@@ -278,7 +281,7 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
         for (long e0 = lo; e0 < lo + keys; e0 += EB)
             for (long r = 0; r < nr; r++) {
                 const int *idx = S->idx + r * cap;
-                long c0 = cur[r], c1 = block_end(idx, cnt[r], c0, e0 + EB, lo, kind == 2);
+                long c0 = cur[r], c1 = block_end(idx, cnt[r], c0, e0 + EB, first[r]);
                 long t = 0;
 #if LSA_ISA == 512
                 /* three query heads at a time: each value is loaded once for the three (12 accumulators
