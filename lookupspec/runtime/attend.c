@@ -175,7 +175,8 @@ static inline vec dot_lanes(const float *q, const float *k, long d) {
 /* The end of a row's visible keys that lie before entry `limit`, from c0 (idx ascending). Where the
    row's visible entries are consecutive (first, first + 1, ...: every row without a mask, and the
    masked rows of a prompt chunk after a cache or a sliding window), `first` >= 0 and the end is
-   counted rather than searched; elsewhere `first` is -1. */
+   counted rather than searched; elsewhere `first` is -1. (The blocks only keep keys and values in
+   L1 across a unit's rows: any split of a row's keys into ascending ranges gives the same bits.) */
 static inline long block_end(const int *idx, long cnt, long c0, long limit, long first) {
     if (first >= 0) {
         long end = limit - first < cnt ? limit - first : cnt;

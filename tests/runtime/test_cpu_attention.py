@@ -83,12 +83,16 @@ def test_it_is_attention_within_float32_noise(shape) -> None:
             reach[i] |= reach[p]
     tree = torch.cat([torch.ones(7, 100, dtype=torch.bool), reach], 1)  # 100 cached + 7 draft rows
     band = _tril(20, 60) & ~_tril(20, 60).tril(60 - 20 - 9)  # a sliding window of 9 keys
+    # a window of 70 keys over 200: rows whose keys start past the range's first, across the kernel's
+    # blocks of 64 entries
+    wide = _tril(12, 200) & ~_tril(12, 200).tril(200 - 12 - 70)
     views = [(0, 0, 1, 0, 217, None),  # a decode row over 217 keys
              (1, 1, 31, 0, 30, "causal"),  # a first prompt chunk
              (2, 31, 47, 0, 80, _tril(16, 80)),  # a chunk after 64 cached positions
              (3, 47, 54, 0, 107, tree),
-             (4, 54, 74, 40, 100, band)]
-    q = pool.queries(74)
+             (4, 54, 74, 40, 100, band),
+             (5, 74, 86, 10, 210, wide)]
+    q = pool.queries(86)
     out = pool.run(q, views)
     for slot, r0, r1, lo, hi, mask in views:
         for i in range(r1 - r0):
