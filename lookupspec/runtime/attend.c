@@ -15,8 +15,9 @@
      sum = the lanes of e summed by c mod 16, then the same tree;
      out = (sum over c of e[c] * v_c, in order of c) * (1 / sum).
    (With AVX-512 the weighted sums of three query heads run together, each value loaded once for the
-   three: 1.2x the whole kernel for a 128-row chunk at 600 cached positions on a Zen 5 EPYC; every
-   head's sum is still the same operations in the same order.)
+   three: 1.2x the whole kernel for a 128-row chunk at 600 cached positions on a Zen 5 EPYC; with
+   AVX2, three heads over 32 columns at a time, for the 12 accumulator chains that keep its FMA units
+   busy. Every head's sum is still the same operations in the same order.)
    c counts the visible keys from the row's first visible position, so a row's arithmetic depends
    only on its own position and its sequence's keys: not on the other rows of its forward, on the
    chunk or draft tree it came in, on the batch or on the thread count. That makes a prefill chunk
