@@ -8,17 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from lookupspec.commands.common import positive_float
 from lookupspec.models import ModelLoadError
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +17,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                        "or config.json whose shape to copy")
     parser.add_argument("out", type=Path, help="directory to write (must not exist or be empty)")
     parser.add_argument("--seed", type=int, default=0, help="torch seed for the weights")
-    parser.add_argument("--initializer-range", type=_positive, default=None,
+    parser.add_argument("--initializer-range", type=positive_float, default=None,
                         help="std of the weights' normal init; None: the config's own (0.25 gives top "
                              "logits of the usual size, where SmolLM2's 0.02 gives nearly flat ones)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",

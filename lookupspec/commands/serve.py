@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lookupspec.commands.common import add_model_arguments
+from lookupspec.commands.common import add_model_arguments, non_negative_int, positive_float, positive_int
 from lookupspec.models import ModelLoadError
 
 _ENV = "LOOKUPSPEC_"
@@ -42,20 +42,6 @@ def _env(name: str, default: Any, convert: Callable[[str], Any] = str) -> Any:
         return convert(raw)
     except (ValueError, argparse.ArgumentTypeError):
         raise SystemExit(f"error: environment variable {_ENV + name}={raw!r} is not valid") from None
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _stretch(text: str) -> float:
@@ -86,13 +72,6 @@ def _stretched(te: Any, stretch: float) -> str:
     return f" (fewer while sequences decode: forwards up to ~{stretch:g}x a plain step)"
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     home = Path(os.environ.get("LOOKUPSPEC_HOME", Path.home() / ".cache" / "lookupspec")).expanduser()
@@ -109,11 +88,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="share the store through Redis (redis://host:port/db) [env LOOKUPSPEC_REDIS_URL]")
     a("--redis-prefix", default=_env("REDIS_PREFIX", "lookupspec:"),
       help="key prefix of the Redis streams [env LOOKUPSPEC_REDIS_PREFIX]")
-    a("--redis-stream-maxlen", type=_positive, default=_env("REDIS_STREAM_MAXLEN", 100_000, int),
+    a("--redis-stream-maxlen", type=positive_int, default=_env("REDIS_STREAM_MAXLEN", 100_000, int),
       help="cap of the Redis output stream [env LOOKUPSPEC_REDIS_STREAM_MAXLEN]")
-    a("--redis-buffer-limit", type=_non_negative, default=_env("REDIS_BUFFER_LIMIT", 10_000, int),
+    a("--redis-buffer-limit", type=non_negative_int, default=_env("REDIS_BUFFER_LIMIT", 10_000, int),
       help="document writes held in memory while Redis is unreachable [env LOOKUPSPEC_REDIS_BUFFER_LIMIT]")
-    a("--redis-output-buffer-limit", type=_non_negative,
+    a("--redis-output-buffer-limit", type=non_negative_int,
       default=_env("REDIS_OUTPUT_BUFFER_LIMIT", 1_000, int),
       help="outputs held in memory while Redis is unreachable, apart from documents (more are dropped: "
            "the output cache is a cache) [env LOOKUPSPEC_REDIS_OUTPUT_BUFFER_LIMIT]")
@@ -125,16 +104,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--admin-key", default=_env("ADMIN_KEY", None),
       help="the key that may see /health's detail and digest (unset: any valid API key; without API "
            "keys, set it to protect just that detail) [env LOOKUPSPEC_ADMIN_KEY]")
-    a("--max-queue", type=_non_negative, default=_env("MAX_QUEUE", 64, int),
+    a("--max-queue", type=non_negative_int, default=_env("MAX_QUEUE", 64, int),
       help="requests that may wait for a slot while --max-batch sequences run; more get 429 "
            "[env LOOKUPSPEC_MAX_QUEUE]")
-    a("--max-batch", type=_positive, default=_env("MAX_BATCH", 16, int),
+    a("--max-batch", type=positive_int, default=_env("MAX_BATCH", 16, int),
       help="sequences generating at once, batched into one forward per step (a request with n choices "
            "takes n) [env LOOKUPSPEC_MAX_BATCH]")
-    a("--max-batch-tokens", type=_positive, default=_env("MAX_BATCH_TOKENS", None, int),
+    a("--max-batch-tokens", type=positive_int, default=_env("MAX_BATCH_TOKENS", None, int),
       help="rows one forward may have, prompt chunks included (unset: the draft budget alone decides) "
            "[env LOOKUPSPEC_MAX_BATCH_TOKENS]")
-    a("--prefill-chunk", type=_positive, default=_env("PREFILL_CHUNK", 128, int),
+    a("--prefill-chunk", type=positive_int, default=_env("PREFILL_CHUNK", 128, int),
       help="prompt tokens prefilled per scheduler iteration, in the same forward as the running streams' "
            "decode step, so they keep stepping while a long prompt is prefilled; smaller chunks shorten the "
            "longest inter-token gaps and slow prefill [env LOOKUPSPEC_PREFILL_CHUNK]")
@@ -152,34 +131,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
            "step's share, sequences, rows and draft nodes, the prompt tokens it prefilled and the chunk "
            "budget, requests waiting; for finding what a long inter-token gap or a slow first token "
            "waited on (a few microseconds an iteration) [env LOOKUPSPEC_TRACE_ITERATIONS]")
-    a("--prefix-cache-mb", type=_non_negative, default=_env("PREFIX_CACHE_MB", 512, int),
+    a("--prefix-cache-mb", type=non_negative_int, default=_env("PREFIX_CACHE_MB", 512, int),
       help="memory for the prefix cache: the KV of recent prompts' whole blocks, reused by prompts "
            "of the same namespace that start alike (a shared system prompt, the same retrieved passages); "
            "least recently used first out; 0 turns it off [env LOOKUPSPEC_PREFIX_CACHE_MB]")
     a("--no-prefix-cache", dest="prefix_cache_mb", action="store_const", const=0,
       help="turn the prefix cache off (same as --prefix-cache-mb 0)")
-    a("--prefix-block-size", type=_positive, default=_env("PREFIX_BLOCK_SIZE", None, int),
+    a("--prefix-block-size", type=positive_int, default=_env("PREFIX_BLOCK_SIZE", None, int),
       help="tokens per prefix-cache block: prompts share whole blocks, so smaller blocks share shorter "
            "heads (a system prompt, an instruction header) for more index entries. At most "
            "--prefill-chunk; smaller than it only with a chunk-invariant forward (the native CPU "
            "attention), elsewhere a block is a prefill chunk (unset: 32 where that allows, else the "
            "chunk) [env LOOKUPSPEC_PREFIX_BLOCK_SIZE]")
-    a("--kv-cache-mb", type=_positive, default=_env("KV_CACHE_MB", None, int),
+    a("--kv-cache-mb", type=positive_int, default=_env("KV_CACHE_MB", None, int),
       help="memory for the KV cache, split evenly between the --max-batch slots; a request that outgrows "
            "its share ends with finish_reason length (unset: grow as needed) [env LOOKUPSPEC_KV_CACHE_MB]")
-    a("--request-timeout", type=_seconds, default=_env("REQUEST_TIMEOUT", 600.0, float),
+    a("--request-timeout", type=positive_float, default=_env("REQUEST_TIMEOUT", 600.0, float),
       help="deadline of one generation request in seconds [env LOOKUPSPEC_REQUEST_TIMEOUT]")
     a("--drain-timeout", type=float, default=_env("DRAIN_TIMEOUT", 30.0, float),
       help="on SIGTERM, seconds in-flight requests may take [env LOOKUPSPEC_DRAIN_TIMEOUT]")
-    a("--max-model-len", type=_positive, default=_env("MAX_MODEL_LEN", None, int),
+    a("--max-model-len", type=positive_int, default=_env("MAX_MODEL_LEN", None, int),
       help="cap the context window below the model's [env LOOKUPSPEC_MAX_MODEL_LEN]")
-    a("--output-cap-tokens", type=_positive, default=_env("OUTPUT_CAP_TOKENS", 1_000_000, int),
+    a("--output-cap-tokens", type=positive_int, default=_env("OUTPUT_CAP_TOKENS", 1_000_000, int),
       help="tokens kept in each namespace's output lookup index [env LOOKUPSPEC_OUTPUT_CAP_TOKENS]")
-    a("--max-body-bytes", type=_positive, default=_env("MAX_BODY_BYTES", 16 * 1024 * 1024, int),
+    a("--max-body-bytes", type=positive_int, default=_env("MAX_BODY_BYTES", 16 * 1024 * 1024, int),
       help="largest request body (413 above) [env LOOKUPSPEC_MAX_BODY_BYTES]")
-    a("--max-documents", type=_positive, default=_env("MAX_DOCUMENTS", 1000, int),
+    a("--max-documents", type=positive_int, default=_env("MAX_DOCUMENTS", 1000, int),
       help="documents per upload (413 above) [env LOOKUPSPEC_MAX_DOCUMENTS]")
-    a("--max-document-bytes", type=_positive, default=_env("MAX_DOCUMENT_BYTES", 2 * 1024 * 1024, int),
+    a("--max-document-bytes", type=positive_int, default=_env("MAX_DOCUMENT_BYTES", 2 * 1024 * 1024, int),
       help="bytes of one document's text (413 above) [env LOOKUPSPEC_MAX_DOCUMENT_BYTES]")
     a("--log-level", default=_env("LOG_LEVEL", "info"),
       choices=("critical", "error", "warning", "info", "debug"), help="[env LOOKUPSPEC_LOG_LEVEL]")
