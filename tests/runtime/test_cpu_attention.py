@@ -130,9 +130,10 @@ def test_soft_capped_scores_are_attention_within_float32_noise_and_keep_a_rows_b
 @needs_kernel
 def test_a_row_does_not_depend_on_its_batch_or_the_thread_count() -> None:
     pool = Pool()
-    q = pool.queries(40)
+    q = pool.queries(55)
+    window = _tril(15, 140) & ~_tril(15, 140).tril(140 - 15 - 50)  # 50 keys, each row's from its own first
     views = [(0, 0, 1, 0, 300, None), (1, 1, 17, 0, 116, _tril(16, 116)), (2, 17, 18, 0, 5, None),
-             (3, 18, 40, 0, 22, "causal")]
+             (3, 18, 40, 0, 22, "causal"), (4, 40, 55, 20, 160, window)]
     together = pool.run(q, views, threads=2)
     assert torch.equal(together, pool.run(q, views, threads=1))
     for slot, r0, r1, lo, hi, mask in views:
@@ -141,8 +142,12 @@ def test_a_row_does_not_depend_on_its_batch_or_the_thread_count() -> None:
 
 
 @needs_kernel
-def test_a_prompt_gets_the_same_bits_in_any_chunking() -> None:
-    pool = Pool()
+@pytest.mark.parametrize("shape", [(9, 3, 64, 64), (8, 2, 64, 64), (12, 2, 64, 128), (4, 4, 32, 32)])
+def test_a_prompt_gets_the_same_bits_in_any_chunking(shape) -> None:
+    """Chunks pair their rows and group query heads by three where they can (attend.c's AVX-512 scores
+    and weighted values); a head left over (four per key), a 128-wide value and one query head per
+    key take other paths: a row gets the same bits whichever."""
+    pool = Pool(*shape)
     q = pool.queries(300)
 
     def chunks(bounds):
