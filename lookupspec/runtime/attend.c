@@ -17,7 +17,7 @@
    (With AVX-512 the dot products of three query heads run together, each key loaded once for the
    three, and the weighted sums of three heads too, of two rows' six where a prompt chunk's rows see
    the same entries, each value loaded once for all of them: on an Ice Lake Xeon, whose cores took
-   one 64-byte load a cycle for two fused multiply-adds, 1.38x the kernel's time in a real forward of
+   one 64-byte load a cycle for two fused multiply-adds, 1.45x the kernel's time in a real forward of
    a 128-token chunk at 800 cached positions. With AVX2, three heads' weighted sums over 32 columns at
    a time, for the 12 accumulator chains that keep its FMA units busy. Every head's sum is still the
    same operations in the same order.)
@@ -305,7 +305,7 @@ static __attribute__((noinline)) void values6(const float *vb, long ve, long n0,
 /* Row r's weighted values over its visible keys [c0, c1) (entries idx[c]), columns [x, x + 16 w),
    query heads t0 .. g - 1, added to the row's accumulators. */
 static void values_row(const job *J, const scratch *S, const float *vb, const int *idx, long c0, long c1,
-                   long r, long g, long stride, long dv, long x, long w, long t0) {
+                       long r, long g, long stride, long dv, long x, long w, long t0) {
     long t = t0;
 #if LSA_ISA == 512
     for (; w == 4 && t + 3 <= g; t += 3) /* three query heads at a time */
@@ -331,8 +331,8 @@ static void values_row(const job *J, const scratch *S, const float *vb, const in
                 __m256 f0 = _mm256_broadcast_ss(e0 + c), f1 = _mm256_broadcast_ss(e1 + c);
                 __m256 f2 = _mm256_broadcast_ss(e2 + c), u;
 #define LSA_V3(o, i) u = _mm256_loadu_ps(vp + (o)); __asm__("" : "+x"(u)); \
-         a0##i = _mm256_fmadd_ps(f0, u, a0##i); a1##i = _mm256_fmadd_ps(f1, u, a1##i); \
-         a2##i = _mm256_fmadd_ps(f2, u, a2##i);
+                     a0##i = _mm256_fmadd_ps(f0, u, a0##i); a1##i = _mm256_fmadd_ps(f1, u, a1##i); \
+                     a2##i = _mm256_fmadd_ps(f2, u, a2##i);
                 LSA_V3(0, 0) LSA_V3(8, 1) LSA_V3(16, 2) LSA_V3(24, 3)
 #undef LSA_V3
             }
