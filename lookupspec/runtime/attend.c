@@ -190,6 +190,19 @@ static inline long block_end(const int *idx, long cnt, long c0, long limit, long
     return c0;
 }
 
+/* Where a decode step's keys and values come from memory (a batch of sequences, each its own KV slot:
+   8 one-row sequences at 800 cached positions read ~10 MB a layer, a third of such a step's bytes),
+   the loops that load each key or value once for three heads compute long enough per key that the
+   hardware prefetcher no longer keeps the memory busy: on a Zen 5 EPYC, such a layer's attention
+   took 1.08-1.27x as long with scores3 as with a head-by-head loop. They prefetch the entry AHEAD
+   keys on (16: 4 KB at d = 64; 8 to 32 measured, 16 the fastest): 1.08x the head-by-head loop's
+   speed there, and real forwards of 8 sequences at 800 cached positions 1.04-1.08x as fast as
+   without it (one row each; three rows: 1.06x). No arithmetic changes. */
+#define AHEAD 16
+static inline void fetch_entry(const float *p, long d) {
+    for (long x = 0; x < d; x += 16) _mm_prefetch((const char *)(p + x), _MM_HINT_T0);
+}
+
 #if LSA_ISA == 512
 /* The scores of query heads t, t + 1, t + 2 (t = 0, 3, ...: the heads of `qr`, head dimension 64)
    over a row's visible keys [c0, c1), three heads at a time: each key is loaded once for the three
@@ -223,9 +236,12 @@ static __attribute__((noinline)) long scores3(const job *J, const scratch *S, co
             PA = v_fma(a3, k3, x); PB = v_fma(b3, k3, y); PC = v_fma(d3, k3, z); }
         for (; c + 16 <= c1; c += 16) {
             vec X[3][2], Y[3][2], Z[3][2];
+            long ahead = c1 - c - AHEAD; /* keys c + AHEAD + j, j < ahead, are visible */
 #pragma GCC unroll 8
             for (int m = 0; m < 8; m++) {
                 vec p0, p1, p2, r0, r1, r2;
+                if (2 * m < ahead) fetch_entry(kb + idx[c + AHEAD + 2 * m] * J->k_entry, 64);
+                if (2 * m + 1 < ahead) fetch_entry(kb + idx[c + AHEAD + 2 * m + 1] * J->k_entry, 64);
                 LSA_DOT3(2 * m, p0, p1, p2)
                 LSA_DOT3(2 * m + 1, r0, r1, r2)
                 X[0][m & 1] = LSA_S1(p0, r0); X[1][m & 1] = LSA_S1(p1, r1); X[2][m & 1] = LSA_S1(p2, r2);
@@ -262,6 +278,7 @@ static inline void values3(const float *vb, long ve, const int *idx, long c0, lo
     vec a20 = v_load(p2), a21 = v_load(p2 + 16), a22 = v_load(p2 + 32), a23 = v_load(p2 + 48);
     for (long c = c0; c < c1; c++) {
         const float *vp = vb + idx[c] * ve;
+        if (c + AHEAD < c1) fetch_entry(vb + idx[c + AHEAD] * ve, 64);
         vec v0 = v_load(vp), v1 = v_load(vp + 16), v2 = v_load(vp + 32), v3 = v_load(vp + 48);
         vec f0 = v_set(e[c]), f1 = v_set(e1[c]), f2 = v_set(e2[c]);
         a00 = v_fma(f0, v0, a00); a01 = v_fma(f0, v1, a01); a02 = v_fma(f0, v2, a02); a03 = v_fma(f0, v3, a03);
