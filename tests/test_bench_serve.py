@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -332,6 +333,25 @@ def test_every_pass_sends_its_own_key_and_warm_ups_theirs():
     asyncio.run(sweep(Target("http://ours", "m", True, {"Authorization": "Bearer client-wide"}),
                       settings, PROMPTS, transport=httpx.MockTransport(handler)))
     assert {auth for auth, _ in seen} == {"Bearer client-wide"} and len(seen) == 16
+
+
+def test_a_started_server_imports_this_lookupspec_whatever_the_working_directory_holds(tmp_path):
+    """Run from a checkout, `python -m` put the working directory ahead of PYTHONPATH, so a bench of
+    another checkout (PYTHONPATH=...) started a server of the working directory's code."""
+    import lookupspec
+    from lookupspec.benchmarks.server_process import child_python
+
+    decoy = tmp_path / "lookupspec"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("")
+    env = dict(os.environ)
+    probe = "import lookupspec; print(lookupspec.__file__)"
+    naive = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, check=True)
+    assert naive.stdout.strip() == str(decoy / "__init__.py")  # the trap, as before
+    out = subprocess.run([*child_python(env), "-c", probe], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == str(lookupspec.__file__)
 
 
 # --------------------------------------------------------------------------------------- short prompts

@@ -5,6 +5,10 @@ The server listens on a free loopback port, writes its stdout and stderr to ``lo
 own; torch reads them when it starts). ``wait_ready`` polls ``/ready``; ``stop`` sends SIGTERM (the
 server drains) and kills it if it does not exit within a minute. ``api_key``: one of the keys given
 in ``serve_args`` (``--api-key KEY:NAMESPACE``), for the server's own ``/v1`` calls (``model_id``).
+
+The child runs the lookupspec package this process imported (:func:`child_python`), so a benchmark
+of another checkout (``PYTHONPATH=/path/to/checkout lookupspec bench-serve ...``) measures that
+checkout's server, whatever the working directory holds.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -21,13 +26,28 @@ from pathlib import Path
 
 from lookupspec.benchmarks.http_client import bearer
 
-__all__ = ["ServeProcess", "free_port"]
+__all__ = ["ServeProcess", "child_python", "free_port"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def child_python(env: dict[str, str]) -> list[str]:
+    """The interpreter command for a child process that must import the same lookupspec as this one;
+    updates ``env`` for it. ``python -m`` puts the working directory first on the child's path, ahead
+    of PYTHONPATH, so run from a checkout it imported that checkout's package whatever PYTHONPATH
+    said: ``-P`` (Python 3.11) leaves it off, and PYTHONPATH leads with the directory this package
+    came from (unless that is a site-packages directory, where the child finds it anyway)."""
+    import lookupspec
+
+    home = Path(lookupspec.__file__).resolve().parent.parent
+    sites = {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if home not in sites:
+        env["PYTHONPATH"] = os.pathsep.join([str(home), *filter(None, [env.get("PYTHONPATH")])])
+    return [sys.executable, "-P"]
 
 
 class ServeProcess:
@@ -39,9 +59,9 @@ class ServeProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.headers = bearer(api_key)  # for /v1/models
-        self.command = [sys.executable, "-m", "lookupspec.cli", "serve", "--model", model,
-                        "--port", str(self.port), "--data-dir", str(data_dir), *serve_args]
         env = dict(os.environ)
+        self.command = [*child_python(env), "-m", "lookupspec.cli", "serve", "--model", model,
+                        "--port", str(self.port), "--data-dir", str(data_dir), *serve_args]
         env["PYTHONUNBUFFERED"] = "1"
         if threads:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
