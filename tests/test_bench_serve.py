@@ -335,6 +335,38 @@ def test_every_pass_sends_its_own_key_and_warm_ups_theirs():
     assert {auth for auth, _ in seen} == {"Bearer client-wide"} and len(seen) == 16
 
 
+def test_the_warm_up_reaches_the_largest_level_by_default():
+    """A pass that first reaches a number of sequences must not pay the server's growth to it (the KV
+    pool's slots double as sequences arrive): by default each mode warms up with as many requests
+    as the largest level, all in flight at once."""
+    in_flight: Counter[str | None] = Counter()
+    most: Counter[str | None] = Counter()
+    seen: list[str | None] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=METRICS)
+        key = request.headers.get("authorization")
+        seen.append(key)
+        in_flight[key] += 1
+        most[key] = max(most[key], in_flight[key])
+        await asyncio.sleep(0.01)  # every request of the warm-up is sent before any returns
+        in_flight[key] -= 1
+        events = [_chunk("a "), _chunk(finish="length")]
+        sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
+
+    settings = LoadSettings(levels=(1, 5), modes=("on", "off"), max_tokens=4)
+    assert settings.warmup_requests == 5
+    assert LoadSettings(levels=(1, 5), modes=("on",), warmup=2).warmup_requests == 2
+    keys = {label: f"key-{label}" for label in pass_labels(settings)}
+    target = Target("http://ours", "m", True, {}, pass_keys=keys)
+    asyncio.run(sweep(target, settings, PROMPTS, transport=httpx.MockTransport(handler)))
+    assert seen.count("Bearer key-warmup-on") == 5 and seen.count("Bearer key-warmup-off") == 5
+    assert seen[:5] == ["Bearer key-warmup-on"] * 5
+    assert most["Bearer key-warmup-on"] == most["Bearer key-warmup-off"] == 5
+
+
 def test_a_started_server_imports_this_lookupspec_whatever_the_working_directory_holds(tmp_path):
     """Run from a checkout, `python -m` put the working directory ahead of PYTHONPATH, so a bench of
     another checkout (PYTHONPATH=...) started a server of the working directory's code."""

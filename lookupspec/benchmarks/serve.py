@@ -128,8 +128,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
            "an earlier pass left in the prefix cache (or, with --sources all, their answers in the "
            "output store); shared, later passes get those hits. With --url every request carries "
            "--api-key, and the server's caches are the server's")
-    a("--warmup", type=non_negative_int, default=2,
-      help="uncounted requests per mode before the sweep (sent at once, with --max-tokens)")
+    a("--warmup", type=non_negative_int, default=None,
+      help="uncounted requests per mode before the sweep (sent at once, with --max-tokens); default: "
+           "the largest --concurrency level, so that the server has grown what it keeps per sequence "
+           "(lookupspec's KV pool) for that many before any pass is measured")
     a("--extra-body", type=_json_object, default={},
       help='JSON merged into every request, e.g. \'{"cache_prompt": false}\' for llama-server')
     a("--tokenizer", default=None, help="tokenizer that counts each event's tokens for the ITL rule "
@@ -299,7 +301,7 @@ def _result(args: argparse.Namespace, target: Target, settings: LoadSettings, pr
         "prompts": {"file": str(PROMPT_SETS.get(args.prompts, args.prompts)), "count": len(prompts),
                     "kinds": sorted({p.kind for p in prompts})},
         "settings": {"levels": args.concurrency, "modes": list(settings.modes), "max_tokens": args.max_tokens,
-                     "requests": args.requests, "sources": args.sources, "warmup": args.warmup,
+                     "requests": args.requests, "sources": args.sources, "warmup": settings.warmup_requests,
                      "extra_body": args.extra_body, "tokenizer_counts_events": tokenizer,
                      "namespaces": "per-pass" if target.pass_keys else "shared",
                      "reference_level": reference},
