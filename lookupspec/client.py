@@ -219,6 +219,7 @@ class LocalClient(Client):
         self._model = model or "local"
         self._max_batch = max_batch
         self._sched: Any = None
+        self._closed = False
         self._lock = threading.Lock()
         self._collections: dict[str, Any] = {}
         self._output = OutputStore(output_cap_tokens)
@@ -318,8 +319,15 @@ class LocalClient(Client):
             req.cancel()  # a no-op once finished; stops the generation when the consumer leaves early
 
     def _scheduler(self) -> Any:
-        """The scheduler that runs this client's requests, batched (started on first use)."""
+        """The scheduler that runs this client's requests, batched (started on first use). A closed
+        client starts none. `lookupspec summarize` closes its client on Ctrl-C while worker threads
+        have requests in flight; those end with a 503, which the job retries after 0.5 s. A retry
+        used to start a new scheduler thread, whose forwards then ran while the interpreter shut
+        down. A thread that reaches for the GIL then is ended inside torch's C++ frames, and the
+        process aborted ("terminate called without an active exception", status -6 instead of 130)."""
         with self._lock:
+            if self._closed:
+                raise ClientError("this client is closed", status=503, code="shutting_down")
             if self._sched is None:
                 from lookupspec.scheduler import Scheduler
 
@@ -328,8 +336,10 @@ class LocalClient(Client):
             return self._sched
 
     def close(self) -> None:
-        """Stop the scheduler thread (requests still running end with an error)."""
+        """Stop the scheduler thread (requests still running end with an error); later requests
+        fail with ClientError (status 503)."""
         with self._lock:
+            self._closed = True
             sched, self._sched = self._sched, None
         if sched is not None:
             sched.stop()

@@ -172,3 +172,19 @@ def test_in_process_requests_are_counted_in_the_engine_aggregate(local_client) -
     before = aggregate.requests
     local_client.complete(GenerationRequest(prompt="Counted", max_tokens=3))
     assert aggregate.requests == before + 1
+
+
+def test_a_closed_local_client_refuses_requests_and_starts_no_scheduler(local_client) -> None:
+    """`lookupspec summarize` retries a 503 after 0.5 s, and Ctrl-C closes its client with requests in
+    flight: the retry used to start a new scheduler thread, whose forwards then ran while the process
+    exited (an abort at interpreter shutdown, seen once in a full test run)."""
+    from lookupspec.client import LocalClient
+
+    c = LocalClient(local_client.engine)  # the module's engine, a client of its own
+    assert c.complete(GenerationRequest(prompt="Before", max_tokens=2)).usage["completion_tokens"] == 2
+    c.close()
+    with pytest.raises(ClientError) as err:
+        c.complete(GenerationRequest(prompt="After", max_tokens=2))
+    assert err.value.status == 503 and err.value.code == "shutting_down"
+    assert c._sched is None
+    c.close()  # closing twice is harmless
