@@ -78,6 +78,12 @@ def _chunk(content=None, finish=None, **extra):
     return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
 
 
+def _sse_response(events):
+    """A streamed chat completion carrying ``events``, then ``[DONE]``."""
+    sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
+
+
 def test_a_lookupspec_stream_gives_text_times_usage_and_speculation():
     spec = {"steps": 4, "accepted_tokens": 6, "acceptance_length": 2.5}
     r = StreamedResponse(sent=10.0)
@@ -275,8 +281,7 @@ def test_a_sweep_against_another_server_sends_no_lookup_field_and_reads_no_metri
         await asyncio.sleep(0.001)
         words = body["messages"][-1]["content"].split()[: body["max_tokens"]]
         events = [_chunk(w + " ") for w in words] + [_chunk(finish="length")]
-        sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-        return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
+        return _sse_response(events)
 
     target = Target("http://other", "m", False)
     settings = LoadSettings(levels=(1, 2), modes=("server",), max_tokens=20, warmup=1)
@@ -318,8 +323,7 @@ def test_every_pass_sends_its_own_key_and_warm_ups_theirs():
         mode = "off" if body["lookup"] == {"enabled": False} else "on"
         seen.append((request.headers.get("authorization"), mode))
         events = [_chunk("a "), _chunk(finish="length")]
-        sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-        return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
+        return _sse_response(events)
 
     settings = LoadSettings(levels=(1, 2), modes=("on", "off"), max_tokens=4, warmup=2)
     keys = {label: f"key-{label}" for label in pass_labels(settings)}
@@ -353,8 +357,7 @@ def test_the_warm_up_reaches_the_largest_level_by_default():
         await asyncio.sleep(0.01)  # every request of the warm-up is sent before any returns
         in_flight[key] -= 1
         events = [_chunk("a "), _chunk(finish="length")]
-        sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-        return httpx.Response(200, content=sse.encode(), headers={"content-type": "text/event-stream"})
+        return _sse_response(events)
 
     settings = LoadSettings(levels=(1, 5), modes=("on", "off"), max_tokens=4)
     assert settings.warmup_requests == 5

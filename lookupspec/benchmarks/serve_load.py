@@ -209,7 +209,7 @@ async def sweep(target: Target, settings: LoadSettings, prompts: Sequence[BenchP
                                  transport=transport) as http:
         for mode in settings.modes:
             count = settings.warmup_requests
-            warm = level_requests(prompts, count, count)[:count]
+            warm = level_requests(prompts, count, count)
             # as long as the measured requests: the server's averages (the step-cost model, the chunk
             # budget's steps per sequence) then start from requests like them, not from short ones
             bodies = [request_body(target, settings, p, mode) for p in warm]

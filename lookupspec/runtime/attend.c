@@ -190,6 +190,7 @@ static inline long block_end(const int *idx, long cnt, long c0, long limit, long
     return c0;
 }
 
+#if LSA_ISA == 512
 /* Where a decode step's keys and values come from memory (a batch of sequences, each its own KV slot:
    8 one-row sequences at 800 cached positions read ~10 MB a layer, a third of such a step's bytes),
    the loops that load each key or value once for three heads compute long enough per key that the
@@ -203,7 +204,6 @@ static inline void fetch_entry(const float *p, long d) {
     for (long x = 0; x < d; x += 16) _mm_prefetch((const char *)(p + x), _MM_HINT_T0);
 }
 
-#if LSA_ISA == 512
 /* The scores of query heads t, t + 1, t + 2 (t = 0, 3, ...: the heads of `qr`, head dimension 64)
    over a row's visible keys [c0, c1), three heads at a time: each key is loaded once for the three
    (an L1 load for every 3 fused multiply-adds instead of every one; on an Ice Lake Xeon under KVM
