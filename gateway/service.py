@@ -297,4 +297,9 @@ class GatewayService:
             "indexes": self.indexes.sizes(),
             "scheduler": sched.stats,
             "prefix_cache": None if self.engine.prefix_cache is None else self.engine.prefix_cache.stats,
+            "kv_cache": self._kv_cache(),
         }
+
+    def _kv_cache(self) -> dict[str, float]:
+        pool = self.engine.runner.pool  # read without the scheduler's lock: a scrape may lag a step
+        return {"bytes": pool.nbytes, "resizes": pool.resizes, "resize_s": pool.resize_s}

@@ -80,8 +80,8 @@ class Engine:
     model sharing its tokenizer).
 
     ``lean``: run decode and verification through the lean forward where the model allows it.
-    ``max_slots``: sequences that may be in flight at once. ``kv_cache_bytes``: the KV pool's budget
-    (None: it grows as needed). ``prefill_chunk``: prompt tokens per prefill forward in
+    ``max_slots``: sequences that may be in flight at once. ``kv_cache_bytes``: the KV pool's budget,
+    reserved at once (None: it grows as needed). ``prefill_chunk``: prompt tokens per prefill forward in
     :meth:`generate` (None: the whole prompt at once); a scheduler that interleaves prefills with
     steps passes the same value to :meth:`prefill` so that a request's tokens do not depend on how it
     was served. ``prefix_cache_bytes``: the prefix cache's budget (0: no cache); ``prefix_block_size``:

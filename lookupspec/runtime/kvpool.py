@@ -26,10 +26,16 @@ A byte budget (``max_bytes``) is split evenly between the ``max_slots`` slots, s
 can be in use at once: each may hold ``slot_positions`` positions. A request whose slot cannot grow
 (past its share, or past the context window) gets :class:`PoolFull` from :meth:`ensure`; the engine
 then ends that request with ``finish_reason="length"`` and the rest of the batch goes on.
+
+Growing reallocates and copies every tensor while the forwards wait: with many slots of long
+sequences that is seconds (the first touch of gigabytes of fresh memory). :meth:`reserve` allocates
+a budgeted pool whole, at once, so that a server pays it at start and never mid-load; ``resizes``
+and ``resize_s`` count what growth has cost.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -189,6 +195,8 @@ class SlotPool:
         self._group_index = {layer: i for i, g in enumerate(self.groups) for layer in g.layers}
         self.length = np.zeros(slots, dtype=np.int64)
         self.used = np.zeros(slots, dtype=bool)
+        self.resizes = 0  # reallocations since construction (each copies every tensor)
+        self.resize_s = 0.0  # seconds they took
         if self.max_bytes is not None and self.nbytes > self.max_bytes:
             raise PoolFull(f"the KV pool needs {self.nbytes} bytes for one slot; "
                            f"the budget is {self.max_bytes}")
@@ -303,14 +311,32 @@ class SlotPool:
             if total > self.max_bytes:
                 raise PoolFull(f"the KV pool would need {total / 2**20:.1f} MiB "
                                f"(budget {self.max_bytes / 2**20:.1f} MiB)")
+        self._reallocate(slots, caps)
+
+    @torch.inference_mode()
+    def reserve(self) -> None:
+        """Allocate all ``max_slots`` slots at their full share of the budget now, so that the pool
+        never grows (nor stalls a step to do so) later. Needs a byte budget: without one a slot's
+        share is the whole context window."""
+        if self.max_bytes is None:
+            raise ValueError("only a pool with a byte budget (max_bytes) can be reserved whole")
+        self._reallocate(self.max_slots, [max(g.capacity, self.slot_positions) for g in self.groups])
+
+    def _reallocate(self, slots: int, caps: Sequence[int]) -> None:
+        t0 = time.perf_counter()
+        changed = False
         for g, cap in zip(self.groups, caps, strict=True):
             if slots != g.tensors[0].shape[1] or cap != g.capacity:
                 g.resize(slots, cap)
                 self.generation += 1
+                changed = True
         if slots > self.slots:
             extra = slots - self.slots
             self.length = np.concatenate([self.length, np.zeros(extra, np.int64)])
             self.used = np.concatenate([self.used, np.zeros(extra, bool)])
+        if changed:
+            self.resizes += 1
+            self.resize_s += time.perf_counter() - t0
 
     # ---- contents ---------------------------------------------------------------------------------
 

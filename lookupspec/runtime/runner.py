@@ -113,9 +113,9 @@ class ModelRunner:
     already packed where wanted) for many sequences at once.
 
     ``context_window``: positions a sequence may reach. ``max_slots``: sequences at once.
-    ``kv_cache_bytes``: the slot pool's budget (None: grow as needed). ``lean``: use the lean forward
-    where the model allows it. ``check``: run the self-check probe (tests switch it off only to build
-    runners for models they then check by other means)."""
+    ``kv_cache_bytes``: the slot pool's budget, reserved at once (None: grow as needed). ``lean``: use
+    the lean forward where the model allows it. ``check``: run the self-check probe (tests switch it
+    off only to build runners for models they then check by other means)."""
 
     def __init__(self, model: Any, *, context_window: int, lean: bool = True, max_slots: int = 64,
                  kv_cache_bytes: int | None = None, check: bool = True) -> None:
@@ -131,6 +131,8 @@ class ModelRunner:
         self.lean = LeanForward.for_model(model, [s.window for s in self.layers]) if lean else None
         self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_slots=max_slots,
                              max_positions=self.context_window, max_bytes=kv_cache_bytes)
+        if kv_cache_bytes is not None:
+            self.pool.reserve()  # a budget is memory set aside: take it now, not mid-load
         self.pad_to = 1
         self._ones = torch.ones((1, 256), dtype=torch.bool, device=self.device)  # see _no_padding
         self.unplanned_masks = False  # decided by the probe (module docstring, check 1)

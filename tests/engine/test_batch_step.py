@@ -173,6 +173,9 @@ def test_a_sequence_whose_slot_cannot_grow_ends_alone_with_length(tiny_models) -
     per_position = 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv heads x head dim x float32
     engine = Engine(model, lookup=ScriptedDrafting(plain, "none", 512), max_slots=2,
                     kv_cache_bytes=2 * 128 * per_position)  # two slots of 128 positions
+    pool = engine.runner.pool
+    assert (pool.slots, pool.group(0).capacity) == (2, 128)  # reserved at once
+    generation = pool.generation
     long_prompt = torch.randint(3, 512, (100,)).tolist()
     small, params = requests[0]
     a = engine.start(long_prompt, GenerationParams(max_tokens=60, ignore_eos=True),  # fits at first only
@@ -188,7 +191,7 @@ def test_a_sequence_whose_slot_cannot_grow_ends_alone_with_length(tiny_models) -
             (out_a if s is a else out_b).extend(o.tokens)
     assert a.finish_reason == "length" and len(out_a) < 60  # ended early: its slot could not grow
     assert out_b == plain[tuple(small)] and b.finish_reason is not None
-    assert engine.runner.pool.in_use() == 0
+    assert pool.in_use() == 0 and pool.generation == generation  # and never reallocated
 
 
 @pytest.mark.real_model

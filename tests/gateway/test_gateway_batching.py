@@ -136,3 +136,26 @@ def test_a_deadline_ends_only_its_own_request(gateways, text_engine) -> None:
     m = server.metrics()
     assert m['lookupspec_requests_aborted_total{reason="deadline"}'] == 1
     assert m["lookupspec_num_requests_running"] == 0
+
+
+def test_a_reserved_kv_cache_never_grows_under_load(gateways, text_engine) -> None:
+    """--kv-cache-mb reserves the cache at start: a load that grows a default server's cache (from
+    1 to 4.5 MiB for this model, more slots and longer ones; every growth a pause for all streams;
+    the pool's own tests check the counting) leaves the reserved one as it was."""
+    server = gateways("reserved", "--max-batch", "8", "--kv-cache-mb", "64", "--prefill-chunk", "64")
+    server.start().wait_ready()
+
+    async def load() -> list[str]:
+        async with _client(server) as client:
+            out = await asyncio.gather(*(client.completions.create(
+                model=MODEL, prompt=_prompt(i) * 8, max_tokens=12, temperature=0) for i in range(8)))
+            return [r.choices[0].text for r in out]
+
+    before = server.metrics()
+    assert before["lookupspec_kv_cache_resizes_total"] == 1  # the reservation itself
+    assert 4 * 2**20 < before["lookupspec_kv_cache_bytes"] <= 64 * 2**20
+    for i, text in enumerate(asyncio.run(load())):
+        assert text == text_engine.complete(prompt=_prompt(i) * 8, max_tokens=12, temperature=0).text
+    after = server.metrics()
+    assert after["lookupspec_kv_cache_resizes_total"] == 1
+    assert after["lookupspec_kv_cache_bytes"] == before["lookupspec_kv_cache_bytes"]

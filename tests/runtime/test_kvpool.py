@@ -54,10 +54,23 @@ ops = st.lists(st.tuples(st.sampled_from(["alloc", "write", "step", "truncate", 
                          st.integers(0, 7), st.integers(0, 7), st.integers(1, 9)), min_size=1, max_size=40)
 
 
+PER_POSITION = 3 * 2 * 6 * 4 + 1 * 6 * 4  # bytes: three layers of 2 heads x (3 + 3), one of 1 x (2 + 4)
+
+
+@pytest.mark.parametrize("reserved", [False, True], ids=["growing", "reserved"])
 @settings(max_examples=60, deadline=None)
 @given(ops, st.randoms(use_true_random=False))
-def test_pool_matches_a_plain_reference(program, rnd) -> None:
-    pool = SlotPool(LAYERS, dtype=torch.float32, max_slots=4, max_positions=64, initial_capacity=2, align=1)
+def test_pool_matches_a_plain_reference(reserved, program, rnd) -> None:
+    if reserved:  # a budget of 64 positions for each of 4 slots, all allocated at once
+        pool = SlotPool(LAYERS, dtype=torch.float32, max_slots=4, max_positions=64, initial_capacity=2,
+                        align=1, max_bytes=4 * 64 * PER_POSITION)
+        assert pool.slot_positions == 64
+        pool.reserve()
+        assert pool.slots == 4 and pool.nbytes == 4 * 64 * PER_POSITION
+    else:
+        pool = SlotPool(LAYERS, dtype=torch.float32, max_slots=4, max_positions=64, initial_capacity=2,
+                        align=1)
+    generation = pool.generation
     ref = Reference()
     counter = [0.0]
 
@@ -129,6 +142,8 @@ def test_pool_matches_a_plain_reference(program, rnd) -> None:
             pool.free(slot)
             del ref.seqs[slot]
         _check(pool, ref)
+        if reserved:
+            assert pool.generation == generation  # nothing was reallocated
 
 
 def test_sliding_layers_keep_only_what_the_window_needs() -> None:
@@ -140,6 +155,34 @@ def test_sliding_layers_keep_only_what_the_window_needs() -> None:
         pool.advance(slot, 10)
     assert pool.group(1).capacity >= 1000
     assert pool.group(0).capacity <= 32  # W - 1 kept plus the rows in flight, rounded
+
+
+def test_reserving_takes_the_whole_budget_at_once_and_growth_is_counted() -> None:
+    spec = LayerSpec(1, 4, 4)
+    per_position = 2 * 4 * 4
+    with pytest.raises(ValueError, match="byte budget"):
+        SlotPool([spec], dtype=torch.float32, max_slots=2).reserve()
+    growing = SlotPool([spec], dtype=torch.float32, max_slots=4, max_positions=256, initial_capacity=8,
+                       align=8)
+    assert growing.resizes == 0
+    for _ in range(3):
+        growing.ensure(growing.allocate(8), 100)
+    assert growing.resizes >= 3 and growing.resize_s > 0  # two slot doublings, one capacity growth at least
+    pool = SlotPool([spec], dtype=torch.float32, max_slots=3, max_positions=256, initial_capacity=8, align=8,
+                    max_bytes=3 * 100 * per_position)
+    assert pool.slot_positions == 96 and pool.slots == 1
+    pool.reserve()
+    assert (pool.slots, pool.group(0).capacity, pool.resizes) == (3, 96, 1)
+    assert pool.nbytes == 3 * 96 * per_position <= pool.max_bytes
+    generation = pool.generation
+    slots = [pool.allocate(96) for _ in range(3)]
+    for slot in slots:
+        pool.ensure(slot, 96)
+    assert pool.generation == generation and pool.resizes == 1
+    with pytest.raises(PoolFull, match="share of the KV budget"):
+        pool.ensure(slots[0], 97)
+    pool.reserve()  # again: nothing left to allocate
+    assert pool.resizes == 1
 
 
 def test_budget_and_window_end_growth_with_pool_full() -> None:
