@@ -12,4 +12,11 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 __version__ = "0.1.0"
 
+# after the environment above, before any subpackage is imported
+from pathlib import Path as _Path
+
+from lookupspec import _checkout
+
+_checkout.install(_Path(__file__).absolute().parent)
+
 __all__ = ["__version__"]

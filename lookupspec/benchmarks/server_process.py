@@ -40,7 +40,9 @@ def child_python(env: dict[str, str]) -> list[str]:
     updates ``env`` for it. ``python -m`` puts the working directory first on the child's path, ahead
     of PYTHONPATH, so run from a checkout it imported that checkout's package whatever PYTHONPATH
     said: ``-P`` (Python 3.11) leaves it off, and PYTHONPATH leads with the directory this package
-    came from (unless that is a site-packages directory, where the child finds it anyway)."""
+    came from (unless that is a site-packages directory, where the child finds it anyway). The
+    child's ``lookupspec.gateway`` and ``lookupspec.kernels`` then come from the same checkout
+    (``lookupspec/_checkout.py``), not from the one an editable install points at."""
     import lookupspec
 
     home = Path(lookupspec.__file__).resolve().parent.parent
