@@ -30,11 +30,13 @@ from lookupspec.benchmarks.serve_load import (
     LoadSettings,
     Target,
     closed_loop,
+    cpu_times,
     level_requests,
     parse_metrics,
     pass_labels,
     pass_order,
     request_body,
+    steal_fraction,
     sweep,
 )
 from lookupspec.benchmarks.serve_report import count_differences, server_rates, summarize_pass
@@ -250,6 +252,17 @@ def test_busy_rate_counts_the_tokens_streamed_before_the_last_request_was_sent()
     assert together["busy_s"] is None and together["busy_tokens_per_s"] is None  # all sent at once
 
 
+def test_host_steal_is_read_from_proc_stat():
+    line = "cpu  485902 0 16571 179025 1746 0 759 41186 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+    assert cpu_times(line) == (41186, 485902 + 16571 + 179025 + 1746 + 759 + 41186)
+    assert cpu_times("cpu 1 2 3") is None and cpu_times("intr 5 6 7 8 9 10 11 12 13") is None
+    assert steal_fraction((100, 1000), (130, 1200)) == 0.15
+    assert steal_fraction(None, (1, 2)) is None and steal_fraction((1, 5), (1, 5)) is None
+    if Path("/proc/stat").exists():  # Linux: the real file parses
+        steal, total = cpu_times()
+        assert 0 <= steal <= total
+
+
 def test_count_differences_against_the_reference_level_and_on_against_off():
     def p(level, mode, texts):
         responses = [_record(pid, t, [0.1]) for pid, t in texts]
@@ -293,6 +306,7 @@ def test_a_sweep_against_another_server_sends_no_lookup_field_and_reads_no_metri
     count_differences(passes, 1)
     s = passes[1]["summary"]
     assert (s["errors"], s["server"], s["acceptance_length"]) == (0, None, None)
+    assert s["host_steal"] is None or 0 <= s["host_steal"] <= 1
     assert s["exactness"]["compared"] == 3 and s["exactness"]["differ"] == 0
     assert s["output_tokens"] == 6  # no usage: the events, one token each
     assert passes[0]["responses"][1]["text"] == "prompt 1 "

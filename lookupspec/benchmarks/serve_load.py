@@ -23,8 +23,8 @@ from lookupspec.benchmarks.http_client import StreamedResponse, bearer, stream_c
 from lookupspec.benchmarks.prompts import BenchPrompt
 from lookupspec.benchmarks.serve_report import response_record, summarize_pass
 
-__all__ = ["LoadSettings", "Target", "closed_loop", "level_requests", "parse_metrics", "pass_label",
-           "pass_labels", "pass_order", "request_body", "sweep"]
+__all__ = ["LoadSettings", "Target", "closed_loop", "cpu_times", "level_requests", "parse_metrics",
+           "pass_label", "pass_labels", "pass_order", "request_body", "steal_fraction", "sweep"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -168,6 +168,30 @@ async def _send(http: Any, body: dict[str, Any], headers: Mapping[str, str]) -> 
         return StreamedResponse(sent=sent, finished=time.perf_counter(), error=f"{type(exc).__name__}: {exc}")
 
 
+def cpu_times(stat: str | None = None) -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from ``/proc/stat`` (or its text ``stat``); None where the
+    file or its steal column is missing. Steal is time the hypervisor gave this guest's CPUs to
+    others: on a shared virtual machine it is what a pass slowed by a neighbour shows."""
+    if stat is None:
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                stat = f.readline()
+        except OSError:
+            return None
+    fields = stat.split("\n", 1)[0].split()
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the CPU time between two :func:`cpu_times` readings that the host stole."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 4)
+
+
 async def _run_pass(http: Any, target: Target, settings: LoadSettings, level: int, mode: str,
                     prompts: Sequence[BenchPrompt],
                     count_tokens: Callable[[str], int] | None) -> dict[str, Any]:
@@ -175,6 +199,7 @@ async def _run_pass(http: Any, target: Target, settings: LoadSettings, level: in
     before = await _idle_metrics(http) if target.lookupspec else None
     started = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     headers = target.pass_headers(pass_label(level, mode))
+    cpu0 = cpu_times()
     t0 = time.perf_counter()
 
     async def send(client: int, _: int, p: BenchPrompt) -> tuple[int, StreamedResponse]:
@@ -182,11 +207,13 @@ async def _run_pass(http: Any, target: Target, settings: LoadSettings, level: in
 
     results = await closed_loop(reqs, level, send)
     wall = max(r.finished or r.sent for _, r in results) - t0
+    steal = steal_fraction(cpu0, cpu_times())
     after = await _idle_metrics(http) if target.lookupspec else None
     delta = None if before is None or after is None else {k: v - before.get(k, 0.0) for k, v in after.items()}
     records = [response_record(r, p, c, t0, count_tokens) for p, (c, r) in zip(reqs, results, strict=True)]
     return {"level": level, "mode": mode, "started": started, "wall_s": round(wall, 4),
-            "summary": {"level": level, "mode": mode, **summarize_pass(records, wall, delta)},
+            "summary": {"level": level, "mode": mode, **summarize_pass(records, wall, delta),
+                        "host_steal": steal},
             "responses": records}
 
 
@@ -223,7 +250,10 @@ async def sweep(target: Target, settings: LoadSettings, prompts: Sequence[BenchP
             _log(f"concurrency {level}, {mode_label(mode)}: {n} requests ...")
             passes.append(await _run_pass(http, target, settings, level, mode, prompts, count_tokens))
             s = passes[-1]["summary"]
-            _log(f"  {s['output_tokens_per_s']:.1f} output tok/s, {s['errors']} errors, {s['wall_s']:.1f} s")
+            stolen = ("" if s["host_steal"] is None
+                      else f", {100 * s['host_steal']:.1f}% of CPU time stolen by the host")
+            _log(f"  {s['output_tokens_per_s']:.1f} output tok/s, {s['errors']} errors, "
+                 f"{s['wall_s']:.1f} s{stolen}")
     return passes
 
 
