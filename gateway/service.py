@@ -300,6 +300,10 @@ class GatewayService:
             "kv_cache": self._kv_cache(),
         }
 
-    def _kv_cache(self) -> dict[str, float]:
-        pool = self.engine.runner.pool  # read without the scheduler's lock: a scrape may lag a step
+    def _kv_cache(self) -> dict[str, float] | None:
+        """The KV pool's size and growth (None for an engine without one), read without the
+        scheduler's lock: a scrape may lag a step."""
+        pool = getattr(getattr(self.engine, "runner", None), "pool", None)
+        if pool is None:
+            return None
         return {"bytes": pool.nbytes, "resizes": pool.resizes, "resize_s": pool.resize_s}

@@ -360,7 +360,9 @@ def test_health_ready_and_metrics(server: Gateway, alpha: httpx.Client) -> None:
                  "lookupspec_time_to_first_token_seconds_count",
                  "lookupspec_inter_token_latency_seconds_count",
                  "lookupspec_store_documents", 'lookupspec_store_healthy{backend="embedded"}',
-                 "lookupspec_store_buffered_records", 'lookupspec_index_memory_bytes{kind="corpus"}'):
+                 "lookupspec_store_buffered_records", 'lookupspec_index_memory_bytes{kind="corpus"}',
+                 "lookupspec_kv_cache_bytes", "lookupspec_kv_cache_resizes_total",
+                 "lookupspec_kv_cache_resize_seconds_total"):
         assert name in m, name
     assert m["lookupspec_time_to_first_token_seconds_count"] >= 1
     assert m['lookupspec_http_requests_total{endpoint="/v1/completions",status="200"}'] >= 1
