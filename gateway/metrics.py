@@ -56,13 +56,12 @@ class _Snapshot(Collector):
             yield _counter("prefix_cache_evictions", "chunks evicted from the prefix cache", pc.evicted)
             yield _gauge("prefix_cache_blocks", "chunks held by the prefix cache", pc.blocks)
             yield _gauge("prefix_cache_bytes", "bytes held by the prefix cache", pc.bytes)
-        kv = s.get("kv_cache")
-        if kv is not None:
-            yield _gauge("kv_cache_bytes", "bytes allocated for the KV cache (all slots, used or free)",
-                         kv["bytes"])
-            yield _counter("kv_cache_resizes", "times the KV cache grew (each copies it while every stream "
-                           "waits; --kv-cache-mb reserves it at start instead)", kv["resizes"])
-            yield _counter("kv_cache_resize_seconds", "time those growths took", kv["resize_s"])
+        kv = s["kv_cache"]
+        yield _gauge("kv_cache_bytes", "bytes allocated for the KV cache (all slots, used or free)",
+                     kv["bytes"])
+        yield _counter("kv_cache_resizes", "times the KV cache grew (each copies it while every stream "
+                       "waits; --kv-cache-mb reserves it at start instead)", kv["resizes"])
+        yield _counter("kv_cache_resize_seconds", "time those growths took", kv["resize_s"])
         yield _gauge("engine_healthy", "1 while the generation worker is alive and working", s["engine_ok"])
         yield _gauge("draining", "1 after SIGTERM: new requests are refused", s["draining"])
         store = s["store"]

@@ -300,10 +300,7 @@ class GatewayService:
             "kv_cache": self._kv_cache(),
         }
 
-    def _kv_cache(self) -> dict[str, float] | None:
-        """The KV pool's size and growth (None for an engine without one), read without the
-        scheduler's lock: a scrape may lag a step."""
-        pool = getattr(getattr(self.engine, "runner", None), "pool", None)
-        if pool is None:
-            return None
+    def _kv_cache(self) -> dict[str, float]:
+        """The KV pool's size and growth, read without the scheduler's lock: a scrape may lag a step."""
+        pool = self.engine.runner.pool
         return {"bytes": pool.nbytes, "resizes": pool.resizes, "resize_s": pool.resize_s}

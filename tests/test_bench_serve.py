@@ -410,8 +410,6 @@ def test_another_checkout_on_pythonpath_brings_its_own_gateway_and_kernels(tmp_p
     use its own (``lookupspec/_checkout.py``)."""
     import lookupspec.gateway
 
-    import lookupspec
-
     other = tmp_path / "other-checkout"
     other.mkdir()
     (other / "pyproject.toml").write_text("")

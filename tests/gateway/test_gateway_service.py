@@ -10,10 +10,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
+import torch
 from lookupspec.gateway.app import build_service, create_app
 from lookupspec.gateway.config import GatewayConfig, Limits
 from lookupspec.gateway.service import GatewayService
@@ -21,6 +23,7 @@ from lookupspec.gateway.store import open_store
 
 from lookupspec.engine import SequenceState, StepOutput
 from lookupspec.params import SpecParams
+from lookupspec.runtime.kvpool import LayerSpec, SlotPool
 from lookupspec.text import TextEngine
 
 
@@ -40,6 +43,8 @@ class ScriptedEngine:
         self.vocab_size = 512
         self.default_spec = SpecParams()
         self.steps_run = 0
+        # a KV pool of its own, never written: the service reports the engine's cache in /metrics
+        self.runner = SimpleNamespace(pool=SlotPool([LayerSpec(1, 2, 2)], dtype=torch.float32, max_slots=1))
 
     def check_prompt(self, prompt_ids: Any) -> tuple[int, ...]:
         return tuple(prompt_ids)
