@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from lookupspec.params import ALL_SOURCES
+from lookupspec.params import ALL_SOURCES, MAX_DRAFT_TOKENS
 
 from .config import NAME_PATTERN
 
@@ -106,7 +106,7 @@ class LookupOptions(BaseModel):
                                     description="document collections of this namespace to draft from")
     documents: list[Text] = Field(default_factory=list,
                                  description="inline texts to draft from for this request only")
-    max_draft_tokens: int | None = Field(default=None, ge=0, le=256, strict=True,
+    max_draft_tokens: int | None = Field(default=None, ge=0, le=MAX_DRAFT_TOKENS, strict=True,
                                          description="cap on draft tokens per step")
     sources: list[Source] | None = Field(default=None,
                                          description="drafters this request may use (default: all)")

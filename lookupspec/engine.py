@@ -50,7 +50,7 @@ from lookupspec import kernels
 from lookupspec.adaptive import BudgetPolicy
 from lookupspec.drafting.base import DraftSessions
 from lookupspec.drafting.policy import Draft, DraftPolicy
-from lookupspec.params import GenerationParams, LookupScope, SpecParams
+from lookupspec.params import MAX_DRAFT_TOKENS, GenerationParams, LookupScope, SpecParams
 from lookupspec.runtime import ModelRunner, PoolFull, SeqRows, use_runtime_attention
 from lookupspec.runtime.prefix_cache import PrefixCache
 from lookupspec.sampling import select_tokens
@@ -81,7 +81,9 @@ class Engine:
 
     ``lean``: run decode and verification through the lean forward where the model allows it.
     ``max_slots``: sequences that may be in flight at once. ``kv_cache_bytes``: the KV pool's budget,
-    reserved at once (None: it grows as needed). ``prefill_chunk``: prompt tokens per prefill forward in
+    reserved at once (None: it grows as needed); with ``prefill_chunk`` too, a forward gives a slot at
+    most :attr:`chunk_ceiling` prompt tokens or a step's root and largest draft tree, and
+    sliding-window layers are sized for that. ``prefill_chunk``: prompt tokens per prefill forward in
     :meth:`generate` (None: the whole prompt at once); a scheduler that interleaves prefills with
     steps passes the same value to :meth:`prefill` so that a request's tokens do not depend on how it
     was served. ``prefix_cache_bytes``: the prefix cache's budget (0: no cache); ``prefix_block_size``:
@@ -96,8 +98,15 @@ class Engine:
         cfg = model.config.get_text_config(decoder=True)
         window = context_window or getattr(cfg, "max_position_embeddings", None) or 2048
         self.context_window = int(window)
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
+        # A budgeted pool sizes sliding-window layers for the most rows a forward gives a slot: a
+        # prompt chunk (at most chunk_ceiling tokens) or a step's root and largest draft tree.
+        max_rows = (None if kv_cache_bytes is None or self.chunk_ceiling is None
+                    else max(self.chunk_ceiling, 1 + MAX_DRAFT_TOKENS))
         self.runner = ModelRunner(model, context_window=self.context_window, lean=lean, max_slots=max_slots,
-                                  kv_cache_bytes=kv_cache_bytes)
+                                  kv_cache_bytes=kv_cache_bytes, max_rows=max_rows)
         self.model = model
         self.device = self.runner.device
         self.dtype = self.runner.dtype
@@ -113,9 +122,6 @@ class Engine:
         self.lookup = lookup
         self.drafting = DraftPolicy(policy)
         self.aggregate = AggregateStats()
-        if prefill_chunk is not None and prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        self.prefill_chunk = prefill_chunk
         self.prefix_block_size = self._prefix_block_size(prefix_block_size)
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_bytes > 0:
@@ -139,6 +145,12 @@ class Engine:
                                  f"({chunk})")
             return chunk
         return min(chunk, PREFIX_BLOCK) if asked is None else asked
+
+    @property
+    def chunk_ceiling(self) -> int | None:
+        """The most prompt tokens one forward may carry for a sequence: two prefill chunks (the
+        scheduler's when the prefill must catch up; None: prompts are not chunked)."""
+        return None if self.prefill_chunk is None else 2 * self.prefill_chunk
 
     @property
     def free_chunks(self) -> bool:

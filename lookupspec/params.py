@@ -9,7 +9,8 @@ from typing import Any
 
 from lookupspec.sampling import SamplingParams
 
-__all__ = ["ALL_SOURCES", "LOOKUP_SOURCES", "GenerationParams", "LookupScope", "SpecParams"]
+__all__ = ["ALL_SOURCES", "LOOKUP_SOURCES", "MAX_DRAFT_TOKENS", "GenerationParams", "LookupScope",
+           "SpecParams"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class GenerationParams:
 
 LOOKUP_SOURCES = ("context", "corpus", "output")
 ALL_SOURCES = (*LOOKUP_SOURCES, "draft_model")
+MAX_DRAFT_TOKENS = 256  # the largest draft tree a request may ask for (nodes per step)
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,9 @@ class SpecParams:
         )
 
     def __post_init__(self) -> None:
-        if not 0 <= self.max_draft_tokens <= 256:
-            raise ValueError(f"max_draft_tokens must be in [0, 256], got {self.max_draft_tokens}")
+        if not 0 <= self.max_draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"max_draft_tokens must be in [0, {MAX_DRAFT_TOKENS}], "
+                             f"got {self.max_draft_tokens}")
         unknown = set(self.sources) - set(ALL_SOURCES)
         if unknown:
             raise ValueError(f"unknown lookup sources {sorted(unknown)}; known: {', '.join(ALL_SOURCES)}")

@@ -35,9 +35,12 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
     slots = []
     try:
         with torch.inference_mode():
+            step = engine.runner.pool.max_rows  # the most rows a forward may give a slot
             for j in range(nb):
                 slots.append(engine.runner.allocate(context + max(sizes, default=1) + 2))
-                engine.runner.prefill(slots[-1], [(i + j) % engine.vocab_size for i in range(context)])
+                ids = [(i + j) % engine.vocab_size for i in range(context)]
+                for at in range(0, context, step):
+                    engine.runner.prefill(slots[-1], ids[at:at + step])
             warm_kernels(engine, slots[0], context)
             for b, r in shapes:
                 rows = [SeqRows(slot, [7 % engine.vocab_size] * r) for slot in slots[:b]]

@@ -146,8 +146,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--kv-cache-mb", type=positive_int, default=_env("KV_CACHE_MB", None, int),
       help="memory for the KV cache, reserved at start and split evenly between the --max-batch slots, "
            "so that no step waits for the cache to grow under load; a request that outgrows its share "
-           "ends with finish_reason length (unset: grow as needed, which stalls every stream for a "
-           "moment each time the cache doubles) [env LOOKUPSPEC_KV_CACHE_MB]")
+           "ends with finish_reason length; sliding-window layers take only their window and one "
+           "forward's rows, leaving the rest to full-attention layers (unset: grow as needed, which "
+           "stalls every stream for a moment each time the cache doubles) [env LOOKUPSPEC_KV_CACHE_MB]")
     a("--request-timeout", type=positive_float, default=_env("REQUEST_TIMEOUT", 600.0, float),
       help="deadline of one generation request in seconds [env LOOKUPSPEC_REQUEST_TIMEOUT]")
     a("--drain-timeout", type=float, default=_env("DRAIN_TIMEOUT", 30.0, float),
@@ -332,8 +333,10 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
              + (f"{args.prefix_cache_mb} MiB in blocks of {te.engine.prefix_block_size} tokens"
                 if args.prefix_cache_mb else "off"))
         pool = te.engine.runner.pool
+        sliding = "".join(f"; sliding-window layers (window {g.window}) {pool.reserved_entries(g)} "
+                          "entries a slot" for g in pool.groups if g.window is not None)
         _say(f"KV cache: {pool.nbytes / 2**20:.0f} MiB reserved, {pool.max_slots} slots of "
-             f"{pool.slot_positions} positions" if args.kv_cache_mb is not None else
+             f"{pool.slot_positions} positions{sliding}" if args.kv_cache_mb is not None else
              "KV cache: grows as needed (--kv-cache-mb reserves it at start)")
         replayed = store.start()
         backend = f"redis {args.redis_url}" if args.redis_url else f"embedded {args.data_dir}"

@@ -23,9 +23,18 @@ Example (one full layer, capacity 4): ``allocate()`` -> slot 0; a forward writes
 5 to entry 4, ``truncate(0, 5)`` drops the rest.
 
 A byte budget (``max_bytes``) is split evenly between the ``max_slots`` slots, so that every slot
-can be in use at once: each may hold ``slot_positions`` positions. A request whose slot cannot grow
-(past its share, or past the context window) gets :class:`PoolFull` from :meth:`ensure`; the engine
-then ends that request with ``finish_reason="length"`` and the rest of the batch goes on.
+can be in use at once: each may hold ``slot_positions`` positions. A sliding group's share is smaller
+where the pool knows ``max_rows``, the most rows one forward appends to a slot (a prefill chunk, or a
+step's root and draft nodes): such a group never holds more than ``W - 1`` committed positions plus
+one forward's rows, so its slots get ``W - 1 + max_rows`` entries (rounded up) and the full-attention
+groups the rest of the budget. Example, Gemma 3 1B's shape (26 layers of one 256-wide key and value
+head in bfloat16, 22 of them sliding with W = 512), a 32k context and 16 slots in 1 GiB: a slot
+holds 2,496 positions when every layer counts at full length, 12,160 when the sliding layers take
+512 - 1 + 257 = 768 entries (``max_rows`` 257: a request's largest draft tree and its root).
+
+A request whose slot cannot grow (past its share, or past the context window) gets
+:class:`PoolFull` from :meth:`ensure`; the engine then ends that request with
+``finish_reason="length"`` and the rest of the batch goes on.
 
 Growing reallocates and copies every tensor while the forwards wait: with many slots of long
 sequences that is seconds (the first touch of gigabytes of fresh memory). :meth:`reserve` allocates
@@ -151,6 +160,8 @@ class _Group:
 
 class SlotPool:
     """Preallocated KV storage for up to ``max_slots`` sequences of up to ``max_positions`` positions.
+    ``max_rows``: the most rows one forward appends to a slot (None: any number, up to the context
+    window); sliding-window groups are sized for it (module docstring).
 
     Capacity (entries per slot) and the slot count grow on demand, by doubling, until
     ``max_bytes`` (None: no budget) would be exceeded. A single-threaded owner (the engine) calls it;
@@ -158,12 +169,15 @@ class SlotPool:
 
     def __init__(self, layers: Sequence[LayerSpec], *, dtype: torch.dtype, device: torch.device | str = "cpu",
                  max_slots: int = 64, max_positions: int = 2048, max_bytes: int | None = None,
-                 initial_slots: int = 1, initial_capacity: int = 256, align: int = _ALIGN) -> None:
+                 max_rows: int | None = None, initial_slots: int = 1, initial_capacity: int = 256,
+                 align: int = _ALIGN) -> None:
         if not layers:
             raise ValueError("a slot pool needs at least one layer")
         if max_slots < 1 or max_positions < 2:
             raise ValueError(f"max_slots must be >= 1 and max_positions >= 2, got {max_slots}, "
                              f"{max_positions}")
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.layer_specs = tuple(layers)
         self.dtype = dtype
         self.device = torch.device(device)
@@ -171,6 +185,7 @@ class SlotPool:
         self.max_positions = int(max_positions)
         self.max_bytes = max_bytes
         self.align = int(align)  # capacities are multiples of this many entries
+        self.max_rows = self.max_positions if max_rows is None else min(int(max_rows), self.max_positions)
         slots = min(max(1, initial_slots), self.max_slots)
         by_spec: dict[LayerSpec, list[int]] = {}
         for i, spec in enumerate(self.layer_specs):
@@ -179,13 +194,13 @@ class SlotPool:
         # that every slot can be in use at once whatever the others hold.
         self.slot_positions = self.max_positions
         if max_bytes is not None:
-            per_position = sum(_Group(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1)
-                               for spec, idx in by_spec.items())
-            share = max_bytes // (per_position * self.max_slots) // self.align * self.align
+            share = self._budget_share(by_spec, max_bytes, dtype)
             if share < self.align:
+                per_position = sum(_Group(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1)
+                                   for spec, idx in by_spec.items())
                 raise PoolFull(f"a KV budget of {max_bytes} bytes cannot give {self.max_slots} slots "
                                f"{self.align} positions each ({per_position} bytes per position)")
-            self.slot_positions = min(self.max_positions, share)
+            self.slot_positions = share
             initial_capacity = min(initial_capacity, self.slot_positions)
         self.generation = 0  # bumped whenever a tensor is reallocated (compaction tables hold addresses)
         with torch.inference_mode():  # the engine writes them in inference mode only
@@ -204,6 +219,37 @@ class SlotPool:
     def _initial_cap(self, spec: LayerSpec, initial: int) -> int:
         cap = _round_up(min(initial, self.max_positions), self.align)
         return cap if spec.window is None else min(cap, _round_up(spec.window, self.align))
+
+    def window_entries(self, window: int | None) -> int:
+        """The most entries a slot of a group with this window ever needs (None: full attention, the
+        context window): a sliding group's ``W - 1`` committed positions plus one forward's rows."""
+        if window is None:
+            return self.max_positions
+        return min(_round_up(self.max_positions, self.align),
+                   _round_up(window - 1 + self.max_rows, self.align))
+
+    def _budget_share(self, by_spec: dict[LayerSpec, list[int]], max_bytes: int, dtype: torch.dtype) -> int:
+        """The most positions (a multiple of ``align``, at most the context window) every one of the
+        ``max_slots`` slots may hold within ``max_bytes``, sliding groups counted at their window's
+        entries; 0 when not even ``align`` fit."""
+        groups = [(_Group(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1),
+                   self.window_entries(spec.window)) for spec, idx in by_spec.items()]
+
+        def fits(positions: int) -> bool:
+            return self.max_slots * sum(b * min(positions, limit) for b, limit in groups) <= max_bytes
+
+        lo, hi = 0, _round_up(self.max_positions, self.align) // self.align  # in units of align
+        while lo < hi:  # the largest multiple that fits (the cost grows with it)
+            mid = (lo + hi + 1) // 2
+            if fits(mid * self.align):
+                lo = mid
+            else:
+                hi = mid - 1
+        return min(self.max_positions, lo * self.align)
+
+    def reserved_entries(self, g: _Group) -> int:
+        """The entries a slot of group ``g`` holds once the pool is reserved (:meth:`reserve`)."""
+        return min(self.slot_positions, self.window_entries(g.window))
 
     # ---- bookkeeping ------------------------------------------------------------------------------
 
@@ -254,7 +300,7 @@ class SlotPool:
         for g in self.groups:
             g.start[slot] = 0
         try:
-            self.ensure(slot, positions)
+            self._room(slot, positions, ahead=True)
         except PoolFull:
             self.used[slot] = False
             raise
@@ -269,11 +315,19 @@ class SlotPool:
         if not (0 <= slot < self.slots and self.used[slot]):
             raise ValueError(f"slot {slot} is not allocated")
 
-    @torch.inference_mode()
     def ensure(self, slot: int, positions: int) -> None:
-        """Make room in ``slot`` for positions up to ``positions`` (exclusive): full groups grow,
-        sliding groups first drop entries no later query can see (all but the last ``W - 1``
-        committed positions). Raises :class:`PoolFull` past the context window or the byte budget."""
+        """Make room in ``slot`` for positions up to ``positions`` (exclusive), the rows of a forward
+        about to be written: full groups grow, sliding groups first drop entries no later query can
+        see (all but the last ``W - 1`` committed positions). Raises :class:`PoolFull` past the
+        context window or the byte budget, ValueError for a forward of more than ``max_rows`` rows
+        where a sliding group was sized for ``max_rows``."""
+        self._room(slot, positions, ahead=False)
+
+    @torch.inference_mode()
+    def _room(self, slot: int, positions: int, *, ahead: bool) -> None:
+        """:meth:`ensure`; ``ahead``: room set aside for a sequence that will grow to ``positions`` in
+        forwards of at most ``max_rows`` rows, of which a sliding group never holds more than its
+        :meth:`window_entries`."""
         self._check(slot)
         if positions > self.max_positions:
             raise PoolFull(f"{positions} positions exceed the context window of {self.max_positions}")
@@ -290,9 +344,15 @@ class SlotPool:
                 if keep_from > start:
                     g.move(slot, keep_from - start, 0, int(self.length[slot]) - keep_from)
                     g.start[slot] = start = keep_from
-                if positions - start <= g.capacity:
-                    continue
-            grow[gi] = positions - start
+            need = positions - start
+            if g.window is not None and need > self.window_entries(g.window):
+                if not ahead:
+                    rows = positions - int(self.length[slot])
+                    raise ValueError(f"a forward of {rows} rows for slot {slot} "
+                                     f"exceeds the {self.max_rows} rows this pool was sized for (max_rows)")
+                need = self.window_entries(g.window)
+            if need > g.capacity:
+                grow[gi] = need
         if grow:
             self._resize(None, grow)
 
@@ -300,8 +360,9 @@ class SlotPool:
     def _resize(self, slots: int | None, needed: dict[int, int] | None) -> None:
         slots = self.slots if slots is None else slots
         caps = [g.capacity for g in self.groups]
-        for gi, need in (needed or {}).items():
-            caps[gi] = _round_up(min(max(need, 2 * caps[gi]), max(need, self.max_positions)), self.align)
+        for gi, need in (needed or {}).items():  # doubling, up to what a slot of the group can need
+            limit = self.window_entries(self.groups[gi].window)
+            caps[gi] = _round_up(min(max(need, 2 * caps[gi]), max(need, limit)), self.align)
         total = sum(g.bytes_for(slots, c) for g, c in zip(self.groups, caps, strict=True))
         if self.max_bytes is not None and total > self.max_bytes:
             # retry with exactly what is needed before giving up
@@ -317,10 +378,10 @@ class SlotPool:
     def reserve(self) -> None:
         """Allocate all ``max_slots`` slots at their full share of the budget now, so that the pool
         never grows (nor stalls a step to do so) later. Needs a byte budget: without one a slot's
-        share is the whole context window."""
+        share is the whole context window. A sliding group takes its :meth:`window_entries`."""
         if self.max_bytes is None:
             raise ValueError("only a pool with a byte budget (max_bytes) can be reserved whole")
-        self._reallocate(self.max_slots, [max(g.capacity, self.slot_positions) for g in self.groups])
+        self._reallocate(self.max_slots, [max(g.capacity, self.reserved_entries(g)) for g in self.groups])
 
     def _reallocate(self, slots: int, caps: Sequence[int]) -> None:
         t0 = time.perf_counter()

@@ -113,12 +113,14 @@ class ModelRunner:
     already packed where wanted) for many sequences at once.
 
     ``context_window``: positions a sequence may reach. ``max_slots``: sequences at once.
-    ``kv_cache_bytes``: the slot pool's budget, reserved at once (None: grow as needed). ``lean``: use
+    ``kv_cache_bytes``: the slot pool's budget, reserved at once (None: grow as needed). ``max_rows``:
+    the most rows a forward appends to one slot, which sizes sliding-window layers' slots (None: up
+    to the context window; :class:`~lookupspec.runtime.kvpool.SlotPool`). ``lean``: use
     the lean forward where the model allows it. ``check``: run the self-check probe (tests switch it
     off only to build runners for models they then check by other means)."""
 
     def __init__(self, model: Any, *, context_window: int, lean: bool = True, max_slots: int = 64,
-                 kv_cache_bytes: int | None = None, check: bool = True) -> None:
+                 kv_cache_bytes: int | None = None, max_rows: int | None = None, check: bool = True) -> None:
         self.model = model
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -130,7 +132,7 @@ class ModelRunner:
         self.layers = layer_specs(model)
         self.lean = LeanForward.for_model(model, [s.window for s in self.layers]) if lean else None
         self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_slots=max_slots,
-                             max_positions=self.context_window, max_bytes=kv_cache_bytes)
+                             max_positions=self.context_window, max_bytes=kv_cache_bytes, max_rows=max_rows)
         if kv_cache_bytes is not None:
             self.pool.reserve()  # a budget is memory set aside: take it now, not mid-load
         self.pad_to = 1

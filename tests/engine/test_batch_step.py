@@ -166,6 +166,28 @@ def test_plain_and_speculative_sequences_share_a_step(tiny_models) -> None:
     assert toks == plain
 
 
+def test_a_budgeted_pool_sizes_sliding_layers_for_one_forward_and_keeps_every_token(tiny_models) -> None:
+    """tiny-gemma3 (three sliding layers of W = 12, one full): with ``kv_cache_bytes`` and chunked
+    prefill the sliding layers' slots hold W - 1 plus the most rows a forward gives a slot (two chunks,
+    or a 256-node draft tree and its root: 257, 320 entries in multiples of 64), the full layer takes
+    the rest of the budget, and batched, chunked, speculative decoding still gives every request its
+    plain tokens without the pool ever growing."""
+    model = _model(tiny_models, "tiny-gemma3")
+    requests = _requests()
+    plain = _plain(model, requests)
+    per_position = 2 * 2 * 16 * 4  # (k, v) x kv heads x head dim x float32, one layer
+    budget = 5 * 4 * 512 * per_position  # five slots of 512 positions, every layer counted at full length
+    engine = Engine(model, lookup=ScriptedDrafting(plain, "tree", 512), policy=FIXED, max_slots=5,
+                    kv_cache_bytes=budget, prefill_chunk=8)
+    pool = engine.runner.pool
+    assert pool.max_rows == 257 and pool.slot_positions == (4 * 512 - 3 * 320) // 64 * 64  # 1,088
+    assert sorted(g.capacity for g in pool.groups) == [320, pool.slot_positions] and pool.nbytes <= budget
+    generation = pool.generation
+    spec = SpecParams(max_draft_tokens=6)
+    assert _batched(engine, requests, spec, chunk=8, stagger=3, shared=True) == plain
+    assert pool.generation == generation and pool.in_use() == 0
+
+
 def test_a_sequence_whose_slot_cannot_grow_ends_alone_with_length(tiny_models) -> None:
     model = _model(tiny_models, "tiny-llama")
     requests = _requests()

@@ -57,11 +57,24 @@ ops = st.lists(st.tuples(st.sampled_from(["alloc", "write", "step", "truncate", 
 PER_POSITION = 3 * 2 * 6 * 4 + 1 * 6 * 4  # bytes: three layers of 2 heads x (3 + 3), one of 1 x (2 + 4)
 
 
-@pytest.mark.parametrize("reserved", [False, True], ids=["growing", "reserved"])
+# bytes per position of the two full layers, and of the two sliding groups together
+FULL_PER_POSITION, SLIDING_PER_POSITION = 2 * 2 * 6 * 4, 1 * 2 * 6 * 4 + 1 * 6 * 4
+MAX_ROWS = 9  # the most rows the program's forwards write at once (its n)
+
+
+@pytest.mark.parametrize("reserved", [False, True, "windowed"], ids=["growing", "reserved", "windowed"])
 @settings(max_examples=60, deadline=None)
 @given(ops, st.randoms(use_true_random=False))
 def test_pool_matches_a_plain_reference(reserved, program, rnd) -> None:
-    if reserved:  # a budget of 64 positions for each of 4 slots, all allocated at once
+    if reserved == "windowed":  # sliding layers sized for W - 1 + MAX_ROWS entries: 64 positions a slot
+        per_slot = 64 * FULL_PER_POSITION + (WINDOW - 1 + MAX_ROWS) * SLIDING_PER_POSITION
+        pool = SlotPool(LAYERS, dtype=torch.float32, max_slots=4, max_positions=64, initial_capacity=2,
+                        align=1, max_bytes=4 * per_slot, max_rows=MAX_ROWS)
+        assert pool.slot_positions == 64
+        pool.reserve()
+        assert pool.slots == 4 and pool.nbytes == 4 * per_slot
+        assert [g.capacity for g in pool.groups] == [64, WINDOW - 1 + MAX_ROWS, WINDOW - 1 + MAX_ROWS]
+    elif reserved:  # a budget of 64 positions for each of 4 slots, all allocated at once
         pool = SlotPool(LAYERS, dtype=torch.float32, max_slots=4, max_positions=64, initial_capacity=2,
                         align=1, max_bytes=4 * 64 * PER_POSITION)
         assert pool.slot_positions == 64
@@ -155,6 +168,46 @@ def test_sliding_layers_keep_only_what_the_window_needs() -> None:
         pool.advance(slot, 10)
     assert pool.group(1).capacity >= 1000
     assert pool.group(0).capacity <= 32  # W - 1 kept plus the rows in flight, rounded
+
+
+def test_sliding_layers_sized_for_a_forward_leave_the_budget_to_full_layers() -> None:
+    """With ``max_rows`` a sliding group's slot holds W - 1 + max_rows entries, the full groups get
+    the rest of the budget, a sequence grows to its whole share without a reallocation, and a forward
+    wider than ``max_rows`` is refused rather than given room the budget does not have."""
+    sliding, full = LayerSpec(1, 4, 4, window=20), LayerSpec(1, 4, 4)
+    per_position = 2 * 4 * 4
+    budget = 2 * 256 * 2 * per_position  # two slots of 256 positions in both layers, counted at full length
+    plain = SlotPool([sliding, full], dtype=torch.float32, max_slots=2, max_positions=1024, align=8,
+                     max_bytes=budget)
+    assert plain.slot_positions == 256
+    pool = SlotPool([sliding, full], dtype=torch.float32, max_slots=2, max_positions=1024, align=8,
+                    max_bytes=budget, max_rows=16)
+    assert pool.window_entries(20) == 40 and pool.window_entries(None) == 1024  # 19 + 16, rounded to 8
+    assert pool.slot_positions == 472  # (2 x 256 - 40) entries of the full layer, in multiples of 8
+    pool.reserve()
+    assert [g.capacity for g in pool.groups] == [40, 472] and pool.nbytes <= budget
+    generation = pool.generation
+    slot = pool.allocate(472)  # room ahead for the whole sequence: the sliding group needs no more
+    while int(pool.length[slot]) + 16 <= 472:  # forwards of 16 rows, 3 of them rejected drafts
+        pool.ensure(slot, int(pool.length[slot]) + 16)
+        pool.advance(slot, 16)
+        pool.truncate(slot, int(pool.length[slot]) - 3)
+    assert int(pool.length[slot]) > 450 and int(pool.length[slot]) - pool.start(slot, 0) <= 40
+    assert pool.generation == generation and pool.resizes == 1
+    other = pool.allocate(8)
+    pool.ensure(other, 30)  # wider than max_rows, but nothing held yet: it fits the 40 entries
+    pool.advance(other, 30)
+    with pytest.raises(ValueError, match=r"30 rows .* exceeds the 16 rows"):  # 19 kept + 30 > 40
+        pool.ensure(other, 60)
+
+
+def test_gemma3_1b_shape_gets_five_times_the_positions_with_sliding_layers_at_their_window() -> None:
+    """The module docstring's example: 26 layers of one 256-wide head in bfloat16, 22 sliding at 512,
+    16 slots of a 32k context in 1 GiB."""
+    layers = [LayerSpec(1, 256, 256, None if (i + 1) % 6 == 0 else 512) for i in range(26)]
+    shares = [SlotPool(layers, dtype=torch.bfloat16, max_slots=16, max_positions=32768, max_bytes=2**30,
+                       max_rows=rows, initial_capacity=64).slot_positions for rows in (None, 257)]
+    assert shares == [2496, 12160]
 
 
 def test_reserving_takes_the_whole_budget_at_once_and_growth_is_counted() -> None:
