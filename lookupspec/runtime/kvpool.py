@@ -9,7 +9,7 @@ in one tensor::
     data: [2 * layers, slots, kv_heads, capacity, head_dim]   # keys of layer i at [i], values at [layers + i]
 
 so one layer's keys are ``[slots, kv_heads, capacity, head_dim]`` (a model whose value heads differ
-in width gets two tensors per group, :class:`_Group` hides which). Groups stay separate allocations
+in width gets two tensors per group, :class:`LayerGroup` hides which). Groups stay separate allocations
 because they grow separately (a sliding group never outgrows its window); one compaction launch still
 covers every tensor of every group, through a table of row addresses (``kernels.compact_plan``).
 
@@ -52,33 +52,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from .kvgroup import ALIGN, LayerGroup, LayerSpec, round_up
+
 if TYPE_CHECKING:
     from lookupspec.kernels import HostStage, Staged
 
 __all__ = ["CompactPlan", "LayerSpec", "PoolFull", "SlotPool"]
 
-_ALIGN = 64  # capacities are multiples of this many entries
-
 
 class PoolFull(RuntimeError):
     """A slot could not get the entries it asked for (byte budget or context window)."""
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """What one attention layer caches: ``kv_heads`` heads of ``head_dim`` (keys) and ``value_dim``
-    (values) floats per position; ``window`` is the sliding window ``W`` or None (full attention)."""
-
-    kv_heads: int
-    head_dim: int
-    value_dim: int
-    window: int | None = None
-
-    def __post_init__(self) -> None:
-        if min(self.kv_heads, self.head_dim, self.value_dim) < 1:
-            raise ValueError(f"kv_heads, head_dim and value_dim must be >= 1: {self}")
-        if self.window is not None and self.window < 2:
-            raise ValueError(f"a sliding window must be >= 2, got {self.window}")
 
 
 @dataclass(frozen=True)
@@ -93,71 +76,6 @@ class CompactPlan:
     base: Staged  # [B, groups] int64 entry of draft node 0 per sequence and group
 
 
-def _round_up(n: int, align: int = _ALIGN) -> int:
-    return max(align, -(-int(n) // align) * align)
-
-
-class _Group:
-    """Layers that share a cache shape and window: their storage, capacity and per-slot start."""
-
-    def __init__(self, spec: LayerSpec, layers: list[int], slots: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
-        self.spec = spec
-        self.layers = layers
-        self.index = {layer: i for i, layer in enumerate(layers)}
-        self.capacity = capacity
-        self.start = np.zeros(slots, dtype=np.int64)
-        self.dtype, self.device = dtype, device
-        self.tensors = self._alloc(slots, capacity)
-
-    @property
-    def window(self) -> int | None:
-        return self.spec.window
-
-    def _alloc(self, slots: int, capacity: int) -> list[torch.Tensor]:
-        s, n = self.spec, len(self.layers)
-        if s.head_dim == s.value_dim:
-            shapes = [(2 * n, slots, s.kv_heads, capacity, s.head_dim)]
-        else:
-            shapes = [(n, slots, s.kv_heads, capacity, s.head_dim),
-                      (n, slots, s.kv_heads, capacity, s.value_dim)]
-        return [torch.zeros(shape, dtype=self.dtype, device=self.device) for shape in shapes]
-
-    def bytes_for(self, slots: int, capacity: int) -> int:
-        s, n = self.spec, len(self.layers)
-        per_entry = s.kv_heads * (s.head_dim + s.value_dim) * torch.finfo(self.dtype).bits // 8
-        return n * slots * capacity * per_entry
-
-    def keys(self, layer: int) -> torch.Tensor:
-        return self.tensors[0][self.index[layer]]
-
-    def values(self, layer: int) -> torch.Tensor:
-        i = self.index[layer]
-        return self.tensors[0][len(self.layers) + i] if len(self.tensors) == 1 else self.tensors[1][i]
-
-    def resize(self, slots: int, capacity: int) -> None:
-        """Reallocate to ``slots`` x ``capacity`` (never smaller), keeping every entry."""
-        old = self.tensors
-        old_slots, old_cap = old[0].shape[1], old[0].shape[3]
-        self.tensors = self._alloc(slots, capacity)
-        for new, prev in zip(self.tensors, old, strict=True):
-            new[:, :old_slots, :, :old_cap].copy_(prev)
-        self.capacity = capacity
-        if slots > len(self.start):
-            self.start = np.concatenate([self.start, np.zeros(slots - len(self.start), np.int64)])
-
-    def move(self, slot: int, src: int, dst: int, count: int, to_slot: int | None = None) -> None:
-        """Copy ``count`` entries of ``slot`` from entry ``src`` to entry ``dst`` (of ``to_slot``)."""
-        if count <= 0:
-            return
-        target = slot if to_slot is None else to_slot
-        for t in self.tensors:
-            piece = t[:, slot, :, src:src + count]
-            if target == slot and src < dst + count and dst < src + count:
-                piece = piece.clone()  # overlapping ranges of one slot
-            t[:, target, :, dst:dst + count].copy_(piece)
-
-
 class SlotPool:
     """Preallocated KV storage for up to ``max_slots`` sequences of up to ``max_positions`` positions.
     ``max_rows``: the most rows one forward appends to a slot (None: any number, up to the context
@@ -170,7 +88,7 @@ class SlotPool:
     def __init__(self, layers: Sequence[LayerSpec], *, dtype: torch.dtype, device: torch.device | str = "cpu",
                  max_slots: int = 64, max_positions: int = 2048, max_bytes: int | None = None,
                  max_rows: int | None = None, initial_slots: int = 1, initial_capacity: int = 256,
-                 align: int = _ALIGN) -> None:
+                 align: int = ALIGN) -> None:
         if not layers:
             raise ValueError("a slot pool needs at least one layer")
         if max_slots < 1 or max_positions < 2:
@@ -196,7 +114,7 @@ class SlotPool:
         if max_bytes is not None:
             share = self._budget_share(by_spec, max_bytes, dtype)
             if share < self.align:
-                per_position = sum(_Group(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1)
+                per_position = sum(LayerGroup(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1)
                                    for spec, idx in by_spec.items())
                 raise PoolFull(f"a KV budget of {max_bytes} bytes cannot give {self.max_slots} slots "
                                f"{self.align} positions each ({per_position} bytes per position)")
@@ -204,7 +122,7 @@ class SlotPool:
             initial_capacity = min(initial_capacity, self.slot_positions)
         self.generation = 0  # bumped whenever a tensor is reallocated (compaction tables hold addresses)
         with torch.inference_mode():  # the engine writes them in inference mode only
-            self.groups = [_Group(spec, idx, slots, self._initial_cap(spec, initial_capacity), dtype,
+            self.groups = [LayerGroup(spec, idx, slots, self._initial_cap(spec, initial_capacity), dtype,
                                   self.device) for spec, idx in by_spec.items()]
         self._group_of = {layer: g for g in self.groups for layer in g.layers}
         self._group_index = {layer: i for i, g in enumerate(self.groups) for layer in g.layers}
@@ -217,28 +135,28 @@ class SlotPool:
                            f"the budget is {self.max_bytes}")
 
     def _initial_cap(self, spec: LayerSpec, initial: int) -> int:
-        cap = _round_up(min(initial, self.max_positions), self.align)
-        return cap if spec.window is None else min(cap, _round_up(spec.window, self.align))
+        cap = round_up(min(initial, self.max_positions), self.align)
+        return cap if spec.window is None else min(cap, round_up(spec.window, self.align))
 
     def window_entries(self, window: int | None) -> int:
         """The most entries a slot of a group with this window ever needs (None: full attention, the
         context window): a sliding group's ``W - 1`` committed positions plus one forward's rows."""
         if window is None:
             return self.max_positions
-        return min(_round_up(self.max_positions, self.align),
-                   _round_up(window - 1 + self.max_rows, self.align))
+        return min(round_up(self.max_positions, self.align),
+                   round_up(window - 1 + self.max_rows, self.align))
 
     def _budget_share(self, by_spec: dict[LayerSpec, list[int]], max_bytes: int, dtype: torch.dtype) -> int:
         """The most positions (a multiple of ``align``, at most the context window) every one of the
         ``max_slots`` slots may hold within ``max_bytes``, sliding groups counted at their window's
         entries; 0 when not even ``align`` fit."""
-        groups = [(_Group(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1),
+        groups = [(LayerGroup(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1),
                    self.window_entries(spec.window)) for spec, idx in by_spec.items()]
 
         def fits(positions: int) -> bool:
             return self.max_slots * sum(b * min(positions, limit) for b, limit in groups) <= max_bytes
 
-        lo, hi = 0, _round_up(self.max_positions, self.align) // self.align  # in units of align
+        lo, hi = 0, round_up(self.max_positions, self.align) // self.align  # in units of align
         while lo < hi:  # the largest multiple that fits (the cost grows with it)
             mid = (lo + hi + 1) // 2
             if fits(mid * self.align):
@@ -247,7 +165,7 @@ class SlotPool:
                 hi = mid - 1
         return min(self.max_positions, lo * self.align)
 
-    def reserved_entries(self, g: _Group) -> int:
+    def reserved_entries(self, g: LayerGroup) -> int:
         """The entries a slot of group ``g`` holds once the pool is reserved (:meth:`reserve`)."""
         return min(self.slot_positions, self.window_entries(g.window))
 
@@ -262,7 +180,7 @@ class SlotPool:
     def nbytes(self) -> int:
         return sum(g.bytes_for(self.slots, g.capacity) for g in self.groups)
 
-    def group(self, layer: int) -> _Group:
+    def group(self, layer: int) -> LayerGroup:
         return self._group_of[layer]
 
     def group_index(self, layer: int) -> int:
@@ -362,12 +280,12 @@ class SlotPool:
         caps = [g.capacity for g in self.groups]
         for gi, need in (needed or {}).items():  # doubling, up to what a slot of the group can need
             limit = self.window_entries(self.groups[gi].window)
-            caps[gi] = _round_up(min(max(need, 2 * caps[gi]), max(need, limit)), self.align)
+            caps[gi] = round_up(min(max(need, 2 * caps[gi]), max(need, limit)), self.align)
         total = sum(g.bytes_for(slots, c) for g, c in zip(self.groups, caps, strict=True))
         if self.max_bytes is not None and total > self.max_bytes:
             # retry with exactly what is needed before giving up
             for gi, need in (needed or {}).items():
-                caps[gi] = max(self.groups[gi].capacity, _round_up(need, self.align))
+                caps[gi] = max(self.groups[gi].capacity, round_up(need, self.align))
             total = sum(g.bytes_for(slots, c) for g, c in zip(self.groups, caps, strict=True))
             if total > self.max_bytes:
                 raise PoolFull(f"the KV pool would need {total / 2**20:.1f} MiB "
