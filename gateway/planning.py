@@ -133,9 +133,14 @@ def _plan(service: GatewayService, req: CompletionRequest | ChatCompletionReques
           arrived: float) -> GenerationJob:
     window = service.context_window
     n = req.n if req.n is not None else 1
+    share = service.kv_slot_positions
     for ids in prompts:
         if len(ids) >= window:
             raise _context_error(len(ids), None, window, max_field)
+        if share is not None and len(ids) >= share:
+            raise APIError(400, f"the prompt has {len(ids)} tokens; this server's KV cache (--kv-cache-mb) "
+                                f"gives each sequence {share} positions, for the prompt and at least one "
+                                f"generated token", param="input_tokens", code="context_length_exceeded")
         if max_tokens is not None and len(ids) + max_tokens > window:
             raise _context_error(len(ids), max_tokens, window, max_field)
     spec, scope = _lookup(service, namespace, req.lookup)  # after the cheap checks: it may index text

@@ -150,6 +150,8 @@ class GatewayService:
         self.metrics = metrics or GatewayMetrics(self.snapshot)
         window = int(self.engine.context_window)
         self.context_window = min(window, config.max_model_len) if config.max_model_len else window
+        pool = self.engine.runner.pool  # with --kv-cache-mb, a prompt must fit one slot's share
+        self.kv_slot_positions: int | None = None if pool.max_bytes is None else int(pool.slot_positions)
         self.aggregate = AggregateStats()
         self.started_at = time.time()
         self.trace = IterationTrace(config.trace_iterations) if config.trace_iterations else None

@@ -188,19 +188,17 @@ class Engine:
         no slot is free or the pool cannot hold the prompt). Nothing runs until :meth:`prefill`.
 
         The slot gets room for the prompt, ``max_tokens`` and a step's draft when the pool's budget
-        allows, else for the prompt and one step only: it then grows as the sequence does, and when it
-        cannot (the budget of ``kv_cache_bytes``) the sequence ends with ``finish_reason="length"``
-        while the rest of the batch goes on."""
+        allows, else for the prompt and one step (with its draft where a slot's share holds it, else
+        one token): it then grows as the sequence does, and when it cannot (the budget of
+        ``kv_cache_bytes``) the sequence ends with ``finish_reason="length"`` while the rest of the
+        batch goes on."""
         ids = self.check_prompt(prompt_ids)
         spec = spec or self.default_spec
         sampling = params.sampling if params.sampling.greedy else params.sampling.with_seed()
         speculate = spec.enabled and spec.max_draft_tokens > 0
         max_draft = spec.max_draft_tokens if speculate else 0
         reserve = min(len(ids) + params.max_tokens + max_draft + 2, self.context_window)
-        try:  # room for the whole generation if the pool has it, so the slot never grows mid-flight
-            slot = self.runner.allocate(reserve)
-        except PoolFull:  # else room for the prompt and a step; it grows later or ends with "length"
-            slot = self.runner.allocate(min(len(ids) + max_draft + 2, self.context_window))
+        slot = self._allocate((reserve, len(ids) + max_draft + 2, len(ids) + 1))
         seq = SequenceState(ids, params, spec, sampling, slot, scope=scope, context=list(ids))
         if self.prefix_cache is not None and namespace is not None and (
                 self.free_chunks or self.prefix_block_size == self.prefill_chunk):
@@ -216,6 +214,17 @@ class Engine:
 
                 seq.draft_model = DraftModelDrafter(self.draft_model, capacity=reserve)
         return seq
+
+    def _allocate(self, wants: Sequence[int]) -> int:
+        """A slot with room for the first of ``wants`` (positions) that the pool can give: the whole
+        generation, so that the slot never grows mid-flight, else less (it grows later or the
+        sequence ends with "length"). Raises the last :class:`PoolFull`."""
+        for want in wants[:-1]:
+            try:
+                return self.runner.allocate(min(want, self.context_window))
+            except PoolFull:
+                pass
+        return self.runner.allocate(min(wants[-1], self.context_window))
 
     def release(self, seq: SequenceState) -> None:
         """Free the sequence's slot (idempotent): a finished sequence is released by the engine; a

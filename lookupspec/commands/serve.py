@@ -146,9 +146,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--kv-cache-mb", type=positive_int, default=_env("KV_CACHE_MB", None, int),
       help="memory for the KV cache, reserved at start and split evenly between the --max-batch slots, "
            "so that no step waits for the cache to grow under load; a request that outgrows its share "
-           "ends with finish_reason length; sliding-window layers take only their window and one "
-           "forward's rows, leaving the rest to full-attention layers (unset: grow as needed, which "
-           "stalls every stream for a moment each time the cache doubles) [env LOOKUPSPEC_KV_CACHE_MB]")
+           "ends with finish_reason length, a prompt that does not fit one gets a 400; sliding-window "
+           "layers take only their window and one forward's rows, leaving the rest to full-attention "
+           "layers (unset: grow as needed, which stalls every stream for a moment each time the cache "
+           "doubles) [env LOOKUPSPEC_KV_CACHE_MB]")
     a("--request-timeout", type=positive_float, default=_env("REQUEST_TIMEOUT", 600.0, float),
       help="deadline of one generation request in seconds [env LOOKUPSPEC_REQUEST_TIMEOUT]")
     a("--drain-timeout", type=float, default=_env("DRAIN_TIMEOUT", 30.0, float),

@@ -216,6 +216,24 @@ def test_a_sequence_whose_slot_cannot_grow_ends_alone_with_length(tiny_models) -
     assert pool.in_use() == 0 and pool.generation == generation  # and never reallocated
 
 
+def test_a_prompt_that_leaves_no_room_for_a_draft_still_starts_and_ends_with_length(tiny_models) -> None:
+    """A slot's share of 128 positions and a 120-token prompt: no room for the prompt and a 32-node
+    draft, but room for the prompt and a token. The sequence starts, decodes its plain tokens while
+    they fit, and ends with "length"."""
+    model = _model(tiny_models, "tiny-llama")
+    prompt = torch.randint(3, 512, (120,), generator=torch.Generator().manual_seed(5)).tolist()
+    params = GenerationParams(max_tokens=40, ignore_eos=True)
+    plain = _plain(model, [(prompt, params)])[tuple(prompt)]
+    per_position = 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv heads x head dim x float32
+    engine = Engine(model, lookup=ScriptedDrafting({tuple(prompt): plain}, "chain", 512), max_slots=2,
+                    kv_cache_bytes=2 * 128 * per_position)
+    assert engine.runner.pool.slot_positions == 128
+    steps = list(engine.generate(prompt, params, spec=SpecParams(max_draft_tokens=32)))
+    got = [t for s in steps for t in s.tokens]
+    assert steps[-1].finish_reason == "length" and 0 < len(got) < 40
+    assert got == plain[:len(got)]
+
+
 @pytest.mark.real_model
 def test_batched_steps_on_smollm2_equal_batch_of_one(real_text_engine) -> None:
     te = real_text_engine

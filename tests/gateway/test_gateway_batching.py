@@ -158,3 +158,47 @@ def test_a_reserved_kv_cache_never_grows_under_load(server: Gateway, text_engine
     after = server.metrics()
     assert after["lookupspec_kv_cache_resizes_total"] == 1
     assert after["lookupspec_kv_cache_bytes"] == before["lookupspec_kv_cache_bytes"]
+
+
+def test_a_reserved_kv_cache_gives_sliding_window_layers_only_their_window(tiny_models, tmp_path) -> None:
+    """tiny-gemma3 (three of its four layers sliding at W = 12) with --kv-cache-mb 2: the sliding
+    layers reserve W - 1 plus one forward's rows (320 entries), the full layer the rest, so a slot
+    holds 1,088 positions where counting every layer at full length gave 512. Eight streams of ~100 to
+    ~390 positions (past the sliding layers' 320 entries: they drop what the window no longer sees),
+    through the openai client, each equal the same request in process, and the cache never grows. A
+    prompt longer than a slot's share gets a 400 naming it, not a 500."""
+    from lookupspec.text import TextEngine
+
+    name = "tiny-gemma3"
+    g = Gateway(tiny_models[name], tmp_path, name="sliding",
+                args=["--max-batch", "4", "--prefill-chunk", "16", "--kv-cache-mb", "2"])
+    g.start().wait_ready()
+    try:
+        assert ("KV cache: 2 MiB reserved, 4 slots of 1088 positions; sliding-window layers (window 12) "
+                "320 entries a slot") in g.log_tail(10**6)
+        before = g.metrics()
+        assert before["lookupspec_kv_cache_resizes_total"] == 1
+
+        async def load() -> list[str]:
+            async with _client(g) as client:
+                out = await asyncio.gather(*(client.completions.create(
+                    model=name, prompt=_prompt(i) * 3, max_tokens=40, temperature=0) for i in range(8)))
+                return [r.choices[0].text for r in out]
+
+        alone = TextEngine.load(str(tiny_models[name]))
+        assert max(len(alone.encode_text(_prompt(i) * 3, add_special_tokens=True)) for i in range(8)) > 320
+        for i, text in enumerate(asyncio.run(load())):
+            assert text == alone.complete(prompt=_prompt(i) * 3, max_tokens=40, temperature=0).text
+        after = g.metrics()
+        assert after["lookupspec_kv_cache_resizes_total"] == 1
+        assert after["lookupspec_kv_cache_bytes"] == before["lookupspec_kv_cache_bytes"] <= 2 * 2**20
+
+        long_prompt = _prompt(3) * 10  # ~1,150 tokens: within the model's 2,048, past a slot's 1,088
+        with g.client() as http:
+            r = http.post("/v1/completions", json={"model": name, "prompt": long_prompt, "max_tokens": 4})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "input_tokens" and "1088 positions" in error["message"]
+        assert error["code"] == "context_length_exceeded"
+    finally:
+        g.stop()
