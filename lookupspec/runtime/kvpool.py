@@ -112,10 +112,12 @@ class SlotPool:
         # that every slot can be in use at once whatever the others hold.
         self.slot_positions = self.max_positions
         if max_bytes is not None:
-            share = self._budget_share(by_spec, max_bytes, dtype)
+            # bytes of one position of a slot in each group, and the most entries its slots need
+            groups = [(LayerGroup(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1),
+                       self.window_entries(spec.window)) for spec, idx in by_spec.items()]
+            share = self._budget_share(groups, max_bytes)
             if share < self.align:
-                per_position = sum(LayerGroup(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1)
-                                   for spec, idx in by_spec.items())
+                per_position = sum(b for b, _ in groups)
                 raise PoolFull(f"a KV budget of {max_bytes} bytes cannot give {self.max_slots} slots "
                                f"{self.align} positions each ({per_position} bytes per position)")
             self.slot_positions = share
@@ -146,12 +148,11 @@ class SlotPool:
         return min(round_up(self.max_positions, self.align),
                    round_up(window - 1 + self.max_rows, self.align))
 
-    def _budget_share(self, by_spec: dict[LayerSpec, list[int]], max_bytes: int, dtype: torch.dtype) -> int:
+    def _budget_share(self, groups: Sequence[tuple[int, int]], max_bytes: int) -> int:
         """The most positions (a multiple of ``align``, at most the context window) every one of the
-        ``max_slots`` slots may hold within ``max_bytes``, sliding groups counted at their window's
-        entries; 0 when not even ``align`` fit."""
-        groups = [(LayerGroup(spec, idx, 0, 0, dtype, self.device).bytes_for(1, 1),
-                   self.window_entries(spec.window)) for spec, idx in by_spec.items()]
+        ``max_slots`` slots may hold within ``max_bytes``; ``groups``: (bytes a position, most entries
+        a slot needs) of each group, so sliding groups count at their window's entries; 0 when not
+        even ``align`` fit."""
 
         def fits(positions: int) -> bool:
             return self.max_slots * sum(b * min(positions, limit) for b, limit in groups) <= max_bytes
