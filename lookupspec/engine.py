@@ -264,10 +264,18 @@ class Engine:
     # ---------------------------------------------------------------------------------- iterations
 
     def prefill(self, seq: SequenceState, max_tokens: int | None = None) -> StepOutput | None:
-        """Prefill up to ``max_tokens`` more prompt tokens (None: the rest), in a forward of its own.
-        Returns None while the prompt is not done; on its last chunk, the first token's
-        :class:`StepOutput`."""
-        return self.iterate((), [(seq, max_tokens)]).prefills[0]
+        """Prefill up to ``max_tokens`` more prompt tokens in a forward of their own. Returns None
+        while the prompt is not done; on its last chunk, the first token's :class:`StepOutput`.
+        ``max_tokens=None``: the rest of the prompt, in one forward, or where the engine chunks
+        prompts (``prefill_chunk``) in forwards of ``prefill_chunk`` tokens, as :meth:`generate`
+        does: the same tokens, and no forward wider than a budgeted pool's sliding-window layers
+        were sized for."""
+        if max_tokens is not None or self.prefill_chunk is None:
+            return self.iterate((), [(seq, max_tokens)]).prefills[0]
+        out = None
+        while out is None:
+            out = self.iterate((), [(seq, self.prefill_chunk)]).prefills[0]
+        return out
 
     def step(self, seqs: Sequence[SequenceState], max_rows: int | None = None) -> list[StepOutput]:
         """One decode/verify step for every sequence in ``seqs`` (each prefilled, not finished);
@@ -504,9 +512,8 @@ class Engine:
         for this prompt (None: neither reused nor kept)."""
         seq = self.start(prompt_ids, params, spec, scope, namespace)
         try:
-            out = None
-            while out is None:
-                out = self.prefill(seq, self.prefill_chunk)
+            out = self.prefill(seq)
+            assert out is not None  # prefill(seq) runs to the prompt's end
             yield out
             while seq.finish_reason is None:
                 yield self.step([seq])[0]

@@ -256,3 +256,25 @@ def test_batched_steps_on_smollm2_equal_batch_of_one(real_text_engine) -> None:
     assert _batched(engine, requests, spec) == alone
     assert _batched(engine, requests, spec, chunk=16, stagger=2) == alone
     assert _batched(engine, requests, spec, chunk=16, stagger=2, shared=True) == alone
+
+
+def test_prefilling_a_whole_long_prompt_goes_in_the_engines_chunks(tiny_models) -> None:
+    """``Engine.prefill(seq)`` on a 400-token prompt, on a budgeted engine with chunked prefill whose
+    sliding layers (tiny-gemma3, W = 12) hold 320 entries a slot: it prefills in ``prefill_chunk``
+    pieces (one 400-row forward would not fit them), and the sequence decodes what ``generate`` gives."""
+    model = _model(tiny_models, "tiny-gemma3")
+    prompt = torch.randint(3, 512, (400,), generator=torch.Generator().manual_seed(7)).tolist()
+    params = GenerationParams(max_tokens=6, ignore_eos=True)
+    per_position = 2 * 2 * 16 * 4  # (k, v) x kv heads x head dim x float32, one layer
+    engine = Engine(model, max_slots=2, kv_cache_bytes=2 * 4 * 1024 * per_position, prefill_chunk=8)
+    assert engine.runner.pool.max_rows == 257
+    plain = SpecParams(enabled=False)
+    want = [t for s in engine.generate(prompt, params, spec=plain) for t in s.tokens]
+    seq = engine.start(prompt, params, plain)
+    first = engine.prefill(seq)
+    assert first is not None and seq.prefill_done
+    got = list(first.tokens)
+    while seq.running:
+        got.extend(engine.step([seq])[0].tokens)
+    engine.release(seq)
+    assert len(want) == 6 and got == want
