@@ -35,7 +35,7 @@ _SCRIPT = textwrap.dedent("""
     steps = list(engine.generate(prompt, GenerationParams(max_tokens=12)))
     after = overloads()
     print(json.dumps({"new": {k: [before.get(k, 0), n] for k, n in after.items() if n != before.get(k, 0)},
-                      "drafted": sum(len(s.tokens) for s in steps) > len(steps),
+                      "draft_tokens": steps[-1].stats.draft_tokens,
                       "dispatchers": len(after)}))
 """)
 
@@ -47,4 +47,5 @@ def test_a_request_after_warmup_compiles_no_numba_kernel(tiny_models):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["dispatchers"] > 5  # the index and drafting modules were imported and seen
+    assert report["draft_tokens"] > 0  # the request looked up and verified drafts
     assert report["new"] == {}, report["new"]
