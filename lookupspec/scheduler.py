@@ -183,7 +183,8 @@ class Scheduler:
         """The most prompt tokens a forward may carry where chunks are free: two blocks (when the
         prefill must catch up with the decode, or nothing decodes), leaving a row for every slot
         within ``max_batch_tokens``."""
-        ceiling = self.engine.chunk_ceiling or chunk
+        ceiling = self.engine.chunk_ceiling
+        assert ceiling is not None  # chunk is the engine's prefill_chunk, so it has a ceiling
         if self.max_batch_tokens is not None:
             ceiling = min(ceiling, self.max_batch_tokens - self.max_batch)
         return max(chunk, ceiling)

@@ -264,12 +264,13 @@ class SlotPool:
                     g.move(slot, keep_from - start, 0, int(self.length[slot]) - keep_from)
                     g.start[slot] = start = keep_from
             need = positions - start
-            if g.window is not None and need > self.window_entries(g.window):
+            limit = self.window_entries(g.window)
+            if need > limit:  # only a sliding group: a full one's need is within max_positions
                 if not ahead:
                     rows = positions - int(self.length[slot])
                     raise ValueError(f"a forward of {rows} rows for slot {slot} "
                                      f"exceeds the {self.max_rows} rows this pool was sized for (max_rows)")
-                need = self.window_entries(g.window)
+                need = limit
             if need > g.capacity:
                 grow[gi] = need
         if grow:
