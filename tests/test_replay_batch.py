@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lookupspec.adaptive import Exploration
+from lookupspec.benchmarks.oracle import copy_oracle
 from lookupspec.benchmarks.replay import _engine_parts, replay_prompt
 from lookupspec.benchmarks.replay_batch import BatchPolicy, ReplayItem, replay_batch
 from lookupspec.benchmarks.replay_costs import (
@@ -77,7 +78,8 @@ def test_policies_parse_and_refuse_bad_names():
     assert BatchPolicy.parse("joint") == BatchPolicy("joint")
     assert BatchPolicy.parse(" fixed:4 ").label == "fixed:4"
     assert BatchPolicy.parse("off-above:8") == BatchPolicy("off-above", 8)
-    for bad in ("fixed", "fixed:0", "joint:3", "off-above:x", "adaptive"):
+    assert BatchPolicy.parse("oracle") == BatchPolicy("oracle")
+    for bad in ("fixed", "fixed:0", "joint:3", "off-above:x", "adaptive", "oracle:2"):
         with pytest.raises(ValueError, match="policy"):
             BatchPolicy.parse(bad)
 
@@ -149,6 +151,30 @@ def test_joint_beats_plain_at_every_batch_size_on_text_that_copies():
         plain = replay_batch(items, batch, BatchPolicy("plain"), model)
         joint = replay_batch(items, batch, BatchPolicy("joint"), model)
         assert joint.tokens_per_s > plain.tokens_per_s
+
+
+def test_the_oracle_steps_as_the_copy_oracle_and_every_node_it_drafts_is_accepted():
+    # rows cheap enough that every sure node pays: at any batch size each sequence takes exactly the
+    # copy oracle's steps (same 32-token cap as the engine), and emits one token per node plus the bonus
+    items, model = _mixed(), _model("t0=20,t_row=0.05")
+    want = [copy_oracle(it.prompt, it.output, max_draft=32).steps for it in items]
+    for batch in (1, 4):
+        r = replay_batch(items, batch, BatchPolicy("oracle"), model)
+        assert [s.steps for s in r.sequences] == want
+        assert [s.tokens for s in r.sequences] == [len(it.output) - 1 for it in items]
+        assert all(s.tokens == s.live + s.nodes for s in r.log)  # nothing drafted was rejected
+
+
+def test_the_oracle_bounds_every_policy_and_its_gain_shrinks_with_the_batch():
+    items, model = _mixed(24), _model("t0=20,t_row=1")
+    gains = []
+    for batch in (1, 4, 16):
+        plain = replay_batch(items, batch, BatchPolicy("plain"), model).tokens_per_s
+        oracle = replay_batch(items, batch, BatchPolicy("oracle"), model).tokens_per_s
+        for policy in ("joint", "fixed:4", "fixed:12"):
+            assert replay_batch(items, batch, BatchPolicy.parse(policy), model).tokens_per_s <= oracle
+        gains.append(oracle / plain)
+    assert gains[0] > gains[1] > gains[2] > 1.0
 
 
 def test_the_joint_trees_shrink_as_the_batch_grows():

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["OracleResult", "copy_oracle", "copy_oracle_reference"]
+__all__ = ["OracleResult", "copy_length", "copy_oracle", "copy_oracle_reference"]
 
 MAX_DRAFT = 16
 
@@ -55,22 +55,27 @@ def copy_oracle(prompt_ids: Sequence[int], output_ids: Sequence[int],
     p, n = len(prompt_ids), len(output_ids)
     if n < 2:
         return OracleResult(None, 0, n)
-    offsets = np.arange(1, max_draft + 1)  # [max_draft] positions after an occurrence
     t, steps = 1, 0  # output tokens known (the first came from the prefill), decode steps so far
     while t < n:
-        known = p + t
-        want = min(max_draft, n - t)  # a draft longer than the rest of the output cannot be accepted
-        k = 0
-        occurrences = np.flatnonzero(seq[: known - 1] == seq[known - 1])  # [m]
-        if occurrences.size and want:
-            idx = occurrences[:, None] + offsets[None, :want]  # [m, want] positions a draft would copy
-            proposable = idx < known  # only tokens already in the context can be proposed
-            drafted = seq[np.minimum(idx, known - 1)]
-            match = proposable & (drafted == seq[known : known + want][None, :])
-            k = int(np.logical_and.accumulate(match, axis=1).sum(axis=1).max())
+        # a draft longer than the rest of the output cannot be accepted
+        k = copy_length(seq, p + t, min(max_draft, n - t))
         t += min(k + 1, n - t)
         steps += 1
     return OracleResult((n - 1) / steps, steps, n)
+
+
+def copy_length(seq: np.ndarray, known: int, want: int) -> int:
+    """One oracle step: how many of the true next tokens ``seq[known : known + want]`` (``want`` at
+    most what ``seq`` holds past ``known``) a copy from the context ``seq[:known]`` spells, at best.
+    A copy starts after an earlier occurrence of the last known token and takes only known tokens."""
+    occurrences = np.flatnonzero(seq[: known - 1] == seq[known - 1])  # [m]
+    if not occurrences.size or want <= 0:
+        return 0
+    idx = occurrences[:, None] + np.arange(1, want + 1)[None, :]  # [m, want] positions a draft would copy
+    proposable = idx < known  # only tokens already in the context can be proposed
+    drafted = seq[np.minimum(idx, known - 1)]
+    match = proposable & (drafted == seq[known : known + want][None, :])
+    return int(np.logical_and.accumulate(match, axis=1).sum(axis=1).max())
 
 
 def copy_oracle_reference(prompt_ids: Sequence[int], output_ids: Sequence[int],

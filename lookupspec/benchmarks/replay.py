@@ -42,7 +42,7 @@ from lookupspec.commands.common import add_model_arguments, positive_int
 __all__ = ["ReplayResult", "accepted_path", "configure", "replay_prompt", "run"]
 
 COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-DEFAULT_POLICIES = "joint,fixed:4,fixed:12,off-above:4,off-above:8"
+DEFAULT_POLICIES = "joint,fixed:4,fixed:12,off-above:4,off-above:8,oracle"
 
 
 def accepted_path(tokens: Sequence[int], parents: Sequence[int], truth: Sequence[int]) -> list[int]:
@@ -166,7 +166,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="comma-separated, besides plain (always run, the reference): joint = the "
                             "engine's rule, nodes kept across the batch while they pay for the time they "
                             "add to the step; fixed:N = each sequence verifies its best N nodes; "
-                            "off-above:N = joint while at most N sequences are live, plain above "
+                            "off-above:N = joint while at most N sequences are live, plain above; "
+                            "oracle = the bound on every lookup policy: each sequence drafts what the copy "
+                            "oracle would copy, so every node is accepted "
                             f"(None: {DEFAULT_POLICIES})")
     batch.add_argument("--costs-from", type=Path, default=None,
                        help="step costs from the \"cost\" rows of a `lookupspec bench-batch --json` file "

@@ -25,6 +25,13 @@ The policies (``BatchPolicy.parse``):
 - ``off-above:N``: ``joint`` while at most N sequences are live and plain decoding above, as vLLM's
   ``disable_by_batch_size``; it counts live sequences each step (as vLLM counts running requests), so
   a draining batch speculates again once it is down to N.
+- ``oracle``: not a policy but the bound on every lookup policy. Each sequence drafts, as a chain, the
+  tokens the copy oracle (:mod:`lookupspec.benchmarks.oracle`) would copy at that step, so every node is
+  accepted and no lookup drafter can accept more from the same context. It keeps them all: a node
+  sure to be accepted pays whenever its row costs less than the step's time per token, and a row
+  (~1-2 ms for SmolLM2 on a 2-core CPU) is a fraction of that at every batch size served. Its tokens/s
+  over ``plain``'s is then the most that drafts copied from the context can speed up decoding at that
+  batch size, under the same cost model.
 
 Worked example: one output ``[7, 5, 6, 9]``, B=1, plain: three steps (5, 6, 9), acceptance length 1;
 with a tree that drafts ``5 -> 6`` in the first step: the step accepts both and emits 5, 6 and the
@@ -37,9 +44,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from lookupspec.benchmarks.replay import accepted_path
 
 if TYPE_CHECKING:
+    from lookupspec.drafting.policy import Draft
     from lookupspec.drafting.session import LookupDrafting, LookupSession
     from lookupspec.params import SpecParams
     from lookupspec.step_cost import StepCostModel
@@ -47,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["POLICY_KINDS", "BatchPolicy", "BatchReplay", "ReplayItem", "SequenceReplay", "StepRecord",
            "replay_batch"]
 
-POLICY_KINDS = ("plain", "joint", "fixed", "off-above")
+POLICY_KINDS = ("plain", "joint", "fixed", "off-above", "oracle")
 MAX_DRAFT = 32  # the engine's default max_draft_tokens (SpecParams)
 
 
@@ -61,7 +71,8 @@ class BatchPolicy:
 
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
-            raise ValueError(f"unknown policy {self.kind!r}; choose from plain, joint, fixed:N, off-above:N")
+            raise ValueError(f"unknown policy {self.kind!r}; choose from plain, joint, fixed:N, off-above:N, "
+                             "oracle")
         if (self.kind in ("fixed", "off-above")) != (self.n >= 1):
             raise ValueError(f"policy {self.kind} takes " + (
                 "a positive number, e.g. fixed:4" if self.kind in ("fixed", "off-above") else "no number"))
@@ -185,6 +196,7 @@ class _Live:
     item: ReplayItem
     session: LookupSession
     emitted: int = 1  # output tokens emitted so far; the first came from the prefill
+    ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # prompt + output (oracle)
 
 
 def _admit(queue: Iterator[tuple[int, ReplayItem]], live: list[_Live], batch: int, drafting: LookupDrafting,
@@ -197,7 +209,21 @@ def _admit(queue: Iterator[tuple[int, ReplayItem]], live: list[_Live], batch: in
         index, item = nxt
         session = drafting.session(list(item.prompt), spec, None)
         session.extend(item.output[:1])
-        live.append(_Live(index, item, session))
+        live.append(_Live(index, item, session, ids=np.asarray([*item.prompt, *item.output], np.int64)))
+
+
+def _oracle_drafts(live: list[_Live], rooms: list[int]) -> list[Draft]:
+    """Each sequence's copy-oracle chain: every node will be accepted (``oracle`` in the module
+    docstring)."""
+    from lookupspec.benchmarks.oracle import copy_length
+    from lookupspec.drafting.policy import Draft
+
+    drafts = []
+    for s, room in zip(live, rooms, strict=True):
+        k = copy_length(s.ids, len(s.item.prompt) + s.emitted, room)
+        drafts.append(Draft([int(t) for t in s.item.output[s.emitted:s.emitted + k]], list(range(-1, k - 1)),
+                            ["oracle"] * k))
+    return drafts
 
 
 def replay_batch(items: Sequence[ReplayItem], batch: int, policy: BatchPolicy, costs: StepCostModel,
@@ -229,7 +255,10 @@ def replay_batch(items: Sequence[ReplayItem], batch: int, policy: BatchPolicy, c
         contexts = [len(s.item.prompt) + s.emitted - 1 for s in live]
         rooms = [policy.room(len(live), min(len(s.item.output) - s.emitted - 1, max_draft)) for s in live]
         inputs = [DraftInputs(s.session, None, spec, greedy, s.session.tokens) for s in live]
-        drafts = chooser.choose_batch(inputs, rooms, contexts)
+        if policy.kind == "oracle":
+            drafts = _oracle_drafts(live, rooms)
+        else:
+            drafts = chooser.choose_batch(inputs, rooms, contexts)
         tokens = 0
         for s, draft in zip(live, drafts, strict=True):
             output = s.item.output
