@@ -38,6 +38,7 @@ from lookupspec.benchmarks.serve_load import (
     request_body,
     steal_fraction,
     sweep,
+    warmup_prompts,
 )
 from lookupspec.benchmarks.serve_report import count_differences, server_rates, summarize_pass
 
@@ -354,6 +355,16 @@ def test_every_pass_sends_its_own_key_and_warm_ups_theirs():
     assert {auth for auth, _ in seen} == {"Bearer client-wide"} and len(seen) == 16
 
 
+def test_the_warm_up_holds_the_sets_longest_prompt():
+    prompts = [BenchPrompt(f"p{i}", "k", ({"role": "user", "content": "x" * n},))
+               for i, n in enumerate((5, 9, 3, 40, 7))]
+    assert [p.id for p in warmup_prompts(prompts, 2)] == ["p0", "p3"]
+    assert [p.id for p in warmup_prompts(prompts, 4)] == ["p0", "p1", "p2", "p3"]
+    assert [p.id for p in warmup_prompts(prompts, 7)] == ["p0", "p1", "p2", "p3", "p4", "p0", "p1"]
+    assert [p.id for p in warmup_prompts(prompts, 1)] == ["p3"]
+    assert warmup_prompts(prompts, 0) == []
+
+
 def test_the_warm_up_reaches_the_largest_level_by_default():
     """A pass that first reaches a number of sequences must not pay the server's growth to it (the KV
     pool's slots double as sequences arrive): by default each mode warms up with as many requests
@@ -453,9 +464,17 @@ def test_every_short_prompt_is_under_100_tokens_with_its_chat_template(real_mode
 @pytest.mark.slow
 def test_bench_serve_starts_a_server_and_measures_both_modes_at_each_level(tiny_models, tmp_path):
     out = tmp_path / "serve.json"
+    # the longest prompt last: a warm-up of the first prompt alone left the KV pool's growth to it
+    # (from the server's 256 positions a slot) inside the first pass
+    texts = ["Say hello.", "Name a colour.", " ".join(f"line {i}: the quick brown fox." for i in range(60))]
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"p{i}", "kind": "k", "messages": [{"role": "user", "content": t}]}
+            for i, t in enumerate(texts)]
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
     proc = subprocess.run(
         [sys.executable, "-m", "lookupspec.cli", "bench-serve", "--model", str(tiny_models["tiny-llama"]),
-         "--concurrency", "1,2", "--limit", "3", "--max-tokens", "8", "--warmup", "1", "--threads", "1",
+         "--prompts", str(prompts), "--concurrency", "1,2", "--max-tokens", "8", "--warmup", "1",
+         "--threads", "1",
          "--json", str(out), "--plot", str(tmp_path / "serve.png")],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -482,6 +501,8 @@ def test_bench_serve_starts_a_server_and_measures_both_modes_at_each_level(tiny_
         assert all(r["text"] and r["chunk_s"] and r["speculation"]["steps"] for r in p["responses"])
         if p["mode"] == "off":
             assert s["acceptance_length"] == 1.0  # plain decoding: one token per step
+        if p["level"] == 1:  # the warm-up held the longest prompt: one stream never grows the KV pool
+            assert s["server"]["kv_cache_resizes"] == 0, s["server"]
         if p["level"] == 2:  # greedy: the same texts as one stream at a time
             assert s["exactness"] == {"reference_level": 1, "compared": 3, "differ": 0, "differ_ids": []}
         if p["mode"] == "on":

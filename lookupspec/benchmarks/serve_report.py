@@ -92,6 +92,9 @@ def server_rates(delta: Mapping[str, float]) -> dict[str, Any]:
                                               for b, n in sorted(seqs.items())},
         "acceptance_length": (round((g("spec_decode_num_accepted_tokens_total") + spec_steps) / spec_steps, 4)
                               if spec_steps else None),
+        # the KV pool's growth inside the pass: every stream waited for each (0 with --kv-cache-mb)
+        "kv_cache_resizes": int(g("kv_cache_resizes_total")),
+        "kv_cache_resize_s": round(g("kv_cache_resize_seconds_total"), 4),
     }
 
 
