@@ -79,7 +79,8 @@ def test_policies_parse_and_refuse_bad_names():
     assert BatchPolicy.parse(" fixed:4 ").label == "fixed:4"
     assert BatchPolicy.parse("off-above:8") == BatchPolicy("off-above", 8)
     assert BatchPolicy.parse("oracle") == BatchPolicy("oracle")
-    for bad in ("fixed", "fixed:0", "joint:3", "off-above:x", "adaptive", "oracle:2"):
+    assert BatchPolicy.parse("hindsight").label == "hindsight"
+    for bad in ("fixed", "fixed:0", "joint:3", "off-above:x", "adaptive", "oracle:2", "hindsight:4"):
         with pytest.raises(ValueError, match="policy"):
             BatchPolicy.parse(bad)
 
@@ -175,6 +176,21 @@ def test_the_oracle_bounds_every_policy_and_its_gain_shrinks_with_the_batch():
             assert replay_batch(items, batch, BatchPolicy.parse(policy), model).tokens_per_s <= oracle
         gains.append(oracle / plain)
     assert gains[0] > gains[1] > gains[2] > 1.0
+
+
+def test_hindsight_accepts_what_verifying_the_whole_proposed_tree_would_and_verifies_only_that():
+    # the same trees as a fixed budget of the whole room (32 nodes), the same feedback to the
+    # drafters: step for step the same tokens, but only the accepted path is verified
+    items, model = _mixed(), _model()
+    for batch in (1, 4):
+        whole = replay_batch(items, batch, BatchPolicy("fixed", 32), model)
+        cut = replay_batch(items, batch, BatchPolicy("hindsight"), model)
+        assert [(s.steps, s.tokens) for s in cut.sequences] == [(s.steps, s.tokens) for s in whole.sequences]
+        assert all(s.tokens == s.live + s.nodes for s in cut.log)  # nothing drafted was rejected
+        assert cut.nodes_per_sequence_step < whole.nodes_per_sequence_step
+        joint = replay_batch(items, batch, BatchPolicy("joint"), model)
+        oracle = replay_batch(items, batch, BatchPolicy("oracle"), model)
+        assert joint.tokens_per_s < cut.tokens_per_s <= oracle.tokens_per_s
 
 
 def test_the_joint_trees_shrink_as_the_batch_grows():

@@ -32,6 +32,10 @@ The policies (``BatchPolicy.parse``):
   (~1-2 ms for SmolLM2 on a 2-core CPU) is a fraction of that at every batch size served. Its tokens/s
   over ``plain``'s is then the most that drafts copied from the context can speed up decoding at that
   batch size, under the same cost model.
+- ``hindsight``: each sequence's lookup tree as the drafters propose it (up to its room, 32 nodes),
+  cut in hindsight to the path the output accepts, so the drafters learn as with a fixed budget of
+  the room. Its gain is the most a better choice among the same proposals could give; the rest of
+  the way to ``oracle`` is what the proposals never contain.
 
 Worked example: one output ``[7, 5, 6, 9]``, B=1, plain: three steps (5, 6, 9), acceptance length 1;
 with a tree that drafts ``5 -> 6`` in the first step: the step accepts both and emits 5, 6 and the
@@ -57,7 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["POLICY_KINDS", "BatchPolicy", "BatchReplay", "ReplayItem", "SequenceReplay", "StepRecord",
            "replay_batch"]
 
-POLICY_KINDS = ("plain", "joint", "fixed", "off-above", "oracle")
+POLICY_KINDS = ("plain", "joint", "fixed", "off-above", "oracle", "hindsight")
 MAX_DRAFT = 32  # the engine's default max_draft_tokens (SpecParams)
 
 
@@ -72,7 +76,7 @@ class BatchPolicy:
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
             raise ValueError(f"unknown policy {self.kind!r}; choose from plain, joint, fixed:N, off-above:N, "
-                             "oracle")
+                             "oracle, hindsight")
         if (self.kind in ("fixed", "off-above")) != (self.n >= 1):
             raise ValueError(f"policy {self.kind} takes " + (
                 "a positive number, e.g. fixed:4" if self.kind in ("fixed", "off-above") else "no number"))
@@ -226,6 +230,25 @@ def _oracle_drafts(live: list[_Live], rooms: list[int]) -> list[Draft]:
     return drafts
 
 
+def _hindsight_drafts(live: list[_Live], rooms: list[int]) -> list[Draft]:
+    """Each sequence's proposed lookup tree cut to the path its output accepts (``hindsight`` in the
+    module docstring); the drafters get the whole tree's outcome, as after verifying it whole."""
+    from lookupspec.drafting.policy import Draft
+
+    drafts = []
+    for s, room in zip(live, rooms, strict=True):
+        if room <= 0:
+            drafts.append(Draft())
+            continue
+        tree = s.session.propose(room)
+        tokens, parents = [int(t) for t in tree.tokens], [int(p) for p in tree.parents]
+        path = accepted_path(tokens, parents, s.item.output[s.emitted:])
+        s.session.feedback(tree, path)
+        drafts.append(Draft([tokens[i] for i in path], list(range(-1, len(path) - 1)),
+                            ["hindsight"] * len(path)))
+    return drafts
+
+
 def replay_batch(items: Sequence[ReplayItem], batch: int, policy: BatchPolicy, costs: StepCostModel,
                  max_draft: int = MAX_DRAFT) -> BatchReplay:
     """Decode every item again, ``batch`` at a time (continuous batching, items in order) under
@@ -257,6 +280,8 @@ def replay_batch(items: Sequence[ReplayItem], batch: int, policy: BatchPolicy, c
         inputs = [DraftInputs(s.session, None, spec, greedy, s.session.tokens) for s in live]
         if policy.kind == "oracle":
             drafts = _oracle_drafts(live, rooms)
+        elif policy.kind == "hindsight":
+            drafts = _hindsight_drafts(live, rooms)
         else:
             drafts = chooser.choose_batch(inputs, rooms, contexts)
         tokens = 0
