@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -118,6 +119,11 @@ class ReplayItem:
     def __post_init__(self) -> None:
         if not self.prompt or len(self.output) < 2:
             raise ValueError("a replayed item needs a prompt and at least two output tokens")
+
+    @cached_property
+    def ids(self) -> np.ndarray:
+        """[len(prompt) + len(output)] the whole sequence (the copy oracle reads it)."""
+        return np.asarray([*self.prompt, *self.output], np.int64)
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,6 @@ class _Live:
     item: ReplayItem
     session: LookupSession
     emitted: int = 1  # output tokens emitted so far; the first came from the prefill
-    ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # prompt + output (oracle)
 
 
 def _admit(queue: Iterator[tuple[int, ReplayItem]], live: list[_Live], batch: int, drafting: LookupDrafting,
@@ -213,7 +218,7 @@ def _admit(queue: Iterator[tuple[int, ReplayItem]], live: list[_Live], batch: in
         index, item = nxt
         session = drafting.session(list(item.prompt), spec, None)
         session.extend(item.output[:1])
-        live.append(_Live(index, item, session, ids=np.asarray([*item.prompt, *item.output], np.int64)))
+        live.append(_Live(index, item, session))
 
 
 def _oracle_drafts(live: list[_Live], rooms: list[int]) -> list[Draft]:
@@ -224,7 +229,7 @@ def _oracle_drafts(live: list[_Live], rooms: list[int]) -> list[Draft]:
 
     drafts = []
     for s, room in zip(live, rooms, strict=True):
-        k = copy_length(s.ids, len(s.item.prompt) + s.emitted, room)
+        k = copy_length(s.item.ids, len(s.item.prompt) + s.emitted, room)
         drafts.append(Draft([int(t) for t in s.item.output[s.emitted:s.emitted + k]], list(range(-1, k - 1)),
                             ["oracle"] * k))
     return drafts
