@@ -101,6 +101,7 @@ def test_b_drafts_from_a_collection_written_through_a(cluster: Cluster, text_eng
 def test_b_restarted_replays_everything(cluster: Cluster) -> None:
     with cluster.a.client() as ca:
         upload(ca, "replay", [(f"r{i}", f"replayed document number {i}") for i in range(20)])
+        upload(ca, "replay-other", [("d1", "a second collection written before the restart")])
         ca.post("/v1/completions", json={"model": MODEL, "prompt": "output before restart", "max_tokens": 6})
         assert cluster.b.stop() == 0  # SIGTERM: drained, exit status 0
         # written while B is down: B must get it from the stream when it starts again
@@ -110,7 +111,7 @@ def test_b_restarted_replays_everything(cluster: Cluster) -> None:
     assert wait_until(lambda: converged(cluster.a, cluster.b), 10.0, 0.1)
     with cluster.b.client() as cb:
         assert doc_ids(cb, "replay") == {f"r{i}" for i in range(1, 20)} | {"late"}
-        assert cb.get("/v1/collections/kb/documents/d1").status_code == 200
+        assert cb.get("/v1/collections/replay-other/documents/d1").status_code == 200
     assert cluster.b.health()["store"]["outputs"] == cluster.a.health()["store"]["outputs"] >= 1
 
 
