@@ -80,7 +80,9 @@ def test_policies_parse_and_refuse_bad_names():
     assert BatchPolicy.parse("off-above:8") == BatchPolicy("off-above", 8)
     assert BatchPolicy.parse("oracle") == BatchPolicy("oracle")
     assert BatchPolicy.parse("hindsight").label == "hindsight"
-    for bad in ("fixed", "fixed:0", "joint:3", "off-above:x", "adaptive", "oracle:2", "hindsight:4"):
+    assert BatchPolicy.parse("stopping").label == "stopping"
+    for bad in ("fixed", "fixed:0", "joint:3", "off-above:x", "adaptive", "oracle:2", "hindsight:4",
+                "stopping:1"):
         with pytest.raises(ValueError, match="policy"):
             BatchPolicy.parse(bad)
 
@@ -191,6 +193,31 @@ def test_hindsight_accepts_what_verifying_the_whole_proposed_tree_would_and_veri
         joint = replay_batch(items, batch, BatchPolicy("joint"), model)
         oracle = replay_batch(items, batch, BatchPolicy("oracle"), model)
         assert joint.tokens_per_s < cut.tokens_per_s <= oracle.tokens_per_s
+
+
+def test_stopping_drafts_the_best_chain_only_as_far_as_the_output_follows_it(monkeypatch):
+    # each step's draft is the session's chain_only proposal cut where the output leaves it: a chain,
+    # nothing rejected, and between the engine's choice and the copy oracle
+    from lookupspec.drafting.session import LookupSession
+
+    asked: list[bool] = []
+    propose = LookupSession.propose
+
+    def spy(self, max_nodes, chain_only=False):
+        asked.append(chain_only)
+        return propose(self, max_nodes, chain_only)
+
+    monkeypatch.setattr(LookupSession, "propose", spy)
+    items, model = _mixed(), _model()
+    for batch in (1, 4):
+        asked.clear()
+        stop = replay_batch(items, batch, BatchPolicy("stopping"), model)
+        assert asked and all(asked)
+        assert all(s.tokens == s.live + s.nodes for s in stop.log)  # nothing drafted was rejected
+        assert stop.nodes_per_sequence_step > 0
+        joint = replay_batch(items, batch, BatchPolicy("joint"), model)
+        oracle = replay_batch(items, batch, BatchPolicy("oracle"), model)
+        assert joint.tokens_per_s < stop.tokens_per_s <= oracle.tokens_per_s
 
 
 def test_the_joint_trees_shrink_as_the_batch_grows():

@@ -42,7 +42,7 @@ from lookupspec.commands.common import add_model_arguments, positive_int
 __all__ = ["ReplayResult", "accepted_path", "configure", "replay_prompt", "run"]
 
 COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-DEFAULT_POLICIES = "joint,fixed:4,fixed:12,off-above:4,off-above:8,hindsight,oracle"
+DEFAULT_POLICIES = "joint,fixed:4,fixed:12,off-above:4,off-above:8,stopping,hindsight,oracle"
 
 
 def accepted_path(tokens: Sequence[int], parents: Sequence[int], truth: Sequence[int]) -> list[int]:
@@ -169,8 +169,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             "off-above:N = joint while at most N sequences are live, plain above; "
                             "oracle = the bound on every lookup policy: each sequence drafts what the copy "
                             "oracle would copy, so every node is accepted; hindsight = the drafters' own "
-                            "trees cut in hindsight to the accepted path, the bound on choosing among them "
-                            f"(None: {DEFAULT_POLICIES})")
+                            "trees cut in hindsight to the accepted path, the bound on choosing among them; "
+                            "stopping = each sequence's best chain cut where the output leaves it, the "
+                            f"bound on knowing only how far to draft (None: {DEFAULT_POLICIES})")
     batch.add_argument("--costs-from", type=Path, default=None,
                        help="step costs from the \"cost\" rows of a `lookupspec bench-batch --json` file "
                             "(one context: costs taken as independent of context) or of a batched "

@@ -36,6 +36,11 @@ The policies (``BatchPolicy.parse``):
   cut in hindsight to the path the output accepts, so the drafters learn as with a fixed budget of
   the room. Its gain is the most a better choice among the same proposals could give; the rest of
   the way to ``oracle`` is what the proposals never contain.
+- ``stopping``: each sequence's best chain (the top-scored child at every depth, the tree an engine
+  without tree attention drafts), cut in hindsight where the output leaves it. It knows how far to
+  draft but not which continuation is right beyond the drafters' first choice, so it splits
+  ``hindsight``'s gain over ``joint`` into when to stop (up to ``stopping``) and which branch to take
+  (the rest).
 
 Worked example: one output ``[7, 5, 6, 9]``, B=1, plain: three steps (5, 6, 9), acceptance length 1;
 with a tree that drafts ``5 -> 6`` in the first step: the step accepts both and emits 5, 6 and the
@@ -62,7 +67,7 @@ if TYPE_CHECKING:
 __all__ = ["POLICY_KINDS", "BatchPolicy", "BatchReplay", "ReplayItem", "SequenceReplay", "StepRecord",
            "replay_batch"]
 
-POLICY_KINDS = ("plain", "joint", "fixed", "off-above", "oracle", "hindsight")
+POLICY_KINDS = ("plain", "joint", "fixed", "off-above", "oracle", "hindsight", "stopping")
 MAX_DRAFT = 32  # the engine's default max_draft_tokens (SpecParams)
 
 
@@ -77,7 +82,7 @@ class BatchPolicy:
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
             raise ValueError(f"unknown policy {self.kind!r}; choose from plain, joint, fixed:N, off-above:N, "
-                             "oracle, hindsight")
+                             "oracle, hindsight, stopping")
         if (self.kind in ("fixed", "off-above")) != (self.n >= 1):
             raise ValueError(f"policy {self.kind} takes " + (
                 "a positive number, e.g. fixed:4" if self.kind in ("fixed", "off-above") else "no number"))
@@ -235,9 +240,10 @@ def _oracle_drafts(live: list[_Live], rooms: list[int]) -> list[Draft]:
     return drafts
 
 
-def _hindsight_drafts(live: list[_Live], rooms: list[int]) -> list[Draft]:
-    """Each sequence's proposed lookup tree cut to the path its output accepts (``hindsight`` in the
-    module docstring); the drafters get the whole tree's outcome, as after verifying it whole."""
+def _hindsight_drafts(live: list[_Live], rooms: list[int], chain_only: bool = False) -> list[Draft]:
+    """Each sequence's proposed lookup tree (its best chain when ``chain_only``) cut to the path its
+    output accepts (``hindsight`` and ``stopping`` in the module docstring); the drafters get the
+    whole tree's outcome, as after verifying it whole."""
     from lookupspec.drafting.policy import Draft
 
     drafts = []
@@ -245,12 +251,12 @@ def _hindsight_drafts(live: list[_Live], rooms: list[int]) -> list[Draft]:
         if room <= 0:
             drafts.append(Draft())
             continue
-        tree = s.session.propose(room)
+        tree = s.session.propose(room, chain_only=chain_only)
         tokens, parents = [int(t) for t in tree.tokens], [int(p) for p in tree.parents]
         path = accepted_path(tokens, parents, s.item.output[s.emitted:])
         s.session.feedback(tree, path)
         drafts.append(Draft([tokens[i] for i in path], list(range(-1, len(path) - 1)),
-                            ["hindsight"] * len(path)))
+                            ["stopping" if chain_only else "hindsight"] * len(path)))
     return drafts
 
 
@@ -285,8 +291,8 @@ def replay_batch(items: Sequence[ReplayItem], batch: int, policy: BatchPolicy, c
         inputs = [DraftInputs(s.session, None, spec, greedy, s.session.tokens) for s in live]
         if policy.kind == "oracle":
             drafts = _oracle_drafts(live, rooms)
-        elif policy.kind == "hindsight":
-            drafts = _hindsight_drafts(live, rooms)
+        elif policy.kind in ("hindsight", "stopping"):
+            drafts = _hindsight_drafts(live, rooms, chain_only=policy.kind == "stopping")
         else:
             drafts = chooser.choose_batch(inputs, rooms, contexts)
         tokens = 0
