@@ -235,8 +235,7 @@ def _oracle_drafts(live: list[_Live], rooms: list[int]) -> list[Draft]:
     drafts = []
     for s, room in zip(live, rooms, strict=True):
         k = copy_length(s.item.ids, len(s.item.prompt) + s.emitted, room)
-        drafts.append(Draft([int(t) for t in s.item.output[s.emitted:s.emitted + k]], list(range(-1, k - 1)),
-                            ["oracle"] * k))
+        drafts.append(Draft.chain(s.item.output[s.emitted:s.emitted + k], "oracle"))
     return drafts
 
 
@@ -255,8 +254,7 @@ def _hindsight_drafts(live: list[_Live], rooms: list[int], chain_only: bool = Fa
         tokens, parents = [int(t) for t in tree.tokens], [int(p) for p in tree.parents]
         path = accepted_path(tokens, parents, s.item.output[s.emitted:])
         s.session.feedback(tree, path)
-        drafts.append(Draft([tokens[i] for i in path], list(range(-1, len(path) - 1)),
-                            ["stopping" if chain_only else "hindsight"] * len(path)))
+        drafts.append(Draft.chain([tokens[i] for i in path], "stopping" if chain_only else "hindsight"))
     return drafts
 
 

@@ -77,6 +77,13 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @classmethod
+    def chain(cls, tokens: Sequence[int], source: str, probs: torch.Tensor | None = None,
+              draft_s: float = 0.0) -> Draft:
+        """A chain of ``tokens`` (each node the child of the one before), all from ``source``."""
+        n = len(tokens)
+        return cls([int(t) for t in tokens], list(range(-1, n - 1)), [source] * n, probs, draft_s)
+
     @property
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
@@ -222,9 +229,7 @@ class DraftPolicy:
         chain = dm.propose(seq.context, k, seq.sampling, sample=not seq.sampling.greedy)
         self.gate.steps_since_use = 0
         self.draft_cost.observe(1, chain.seconds / max(len(chain.tokens), 1))
-        n = len(chain.tokens)
-        return Draft(chain.tokens, list(range(-1, n - 1)), ["draft_model"] * n, chain.probs,
-                     draft_s + chain.seconds)
+        return Draft.chain(chain.tokens, "draft_model", chain.probs, draft_s + chain.seconds)
 
     def observe(self, session: DraftSession | None, draft: Draft, accepted: Sequence[int]) -> None:
         """Feed back one verified draft: ``accepted`` holds the indices of its accepted nodes. A tree
