@@ -286,12 +286,12 @@ def replay_batch(items: Sequence[ReplayItem], batch: int, policy: BatchPolicy, c
         # positions in each cache: prompt + emitted tokens, less the root (not in the cache yet)
         contexts = [len(s.item.prompt) + s.emitted - 1 for s in live]
         rooms = [policy.room(len(live), min(len(s.item.output) - s.emitted - 1, max_draft)) for s in live]
-        inputs = [DraftInputs(s.session, None, spec, greedy, s.session.tokens) for s in live]
         if policy.kind == "oracle":
             drafts = _oracle_drafts(live, rooms)
         elif policy.kind in ("hindsight", "stopping"):
             drafts = _hindsight_drafts(live, rooms, chain_only=policy.kind == "stopping")
         else:
+            inputs = [DraftInputs(s.session, None, spec, greedy, s.session.tokens) for s in live]
             drafts = chooser.choose_batch(inputs, rooms, contexts)
         tokens = 0
         for s, draft in zip(live, drafts, strict=True):
