@@ -76,7 +76,7 @@ def build_random_model(source: str, out: Path, *, seed: int = 0, initializer_ran
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(str(config_file))
+        config = AutoConfig.from_pretrained(str(config_file), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot read a model config from {config_file}: {exc}") from exc
     if initializer_range is not None:

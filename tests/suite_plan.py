@@ -34,13 +34,13 @@ SLOW_FILES_FIRST = (
     "gateway/test_gateway_batching.py",  # ~34
     "engine/test_batch_step.py",  # ~32
     "test_bench_serve.py",  # ~29
-    "test_bench_prefix.py",  # ~28
+    "tools/test_bench_prefix.py",  # ~28
     "kernels/test_verify_kernels.py",  # ~28
     "gateway/test_gateway_redis_outage.py",  # ~28
-    "test_replay_batch.py",  # ~23
+    "tools/test_replay_batch.py",  # ~23
     "engine/test_device_discipline.py",  # ~22
     "gateway/test_gateway_api.py",  # ~22
-    "test_replay.py",  # ~19
+    "tools/test_replay.py",  # ~19
     "clients/test_client.py",  # ~18
     "gateway/test_gateway_hostile.py",  # ~17
     "runtime/test_lean.py",  # ~17
