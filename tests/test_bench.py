@@ -236,9 +236,9 @@ def test_bench_linear_chunk_forward_keeps_the_logits_the_engine_keeps(tiny_model
     last row, not the LM head over all 136 rows (which the engine never computes)."""
     import argparse
 
-    from tools import linear
     from lookupspec.runtime import cpu_gemm
     from lookupspec.runtime.runner import ModelRunner
+    from tools import linear
 
     if cpu_gemm.kernel() is None:
         pytest.skip(f"the streaming kernel does not build here: {cpu_gemm.kernel_error()}")
