@@ -2,7 +2,7 @@
 
 Threads: each worker runs torch on its share of the cores, and so do the servers and commands the
 tests start (they inherit ``OMP_NUM_THREADS``). Two workers of two threads each on two cores spent
-their time waiting on each other: side by side on a 2-core Zen 3, four of the slowest files
+their time waiting on each other: side by side on a 2-core machine, four of the slowest files
 took 289 and 334 s that way against 188 and 176 s with one thread a worker. An ``OMP_NUM_THREADS``
 of the caller's own is kept. Tests of the thread count itself (the native CPU kernels, the served
 forward) set their threads explicitly.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 # Files over ~15 s, slowest first: seconds each took in `make test` (two workers of one thread) on a
-# 2-core Zen 3. An ordering hint only; every file runs either way.
+# 2-core machine. An ordering hint only; every file runs either way.
 SLOW_FILES_FIRST = (
     "test_real_model_spec.py",  # ~250 s
     "clients/test_summarize.py",  # ~140

@@ -97,7 +97,8 @@ def test_batch_of_one_joint_equals_the_single_sequence_adaptive_replay_when_cost
 
 def test_batch_of_one_joint_equals_the_single_replay_also_when_trees_are_refused():
     # With rows expensive enough for refusals: a tree the policy refuses whole is not fed back (it was
-    # never verified), as in the one-sequence replay. The engine used to feed it back as all rejected.
+    # never verified), as in the one-sequence replay: feeding it back as all rejected would teach the
+    # drafters a verdict the target never gave.
     model = _model("t0=20,t_row=6")
     items = _mixed()
     assert _batched(items, model) == _single(items, model)
