@@ -186,5 +186,5 @@ def test_a_closed_local_client_refuses_requests_and_starts_no_scheduler(local_cl
     with pytest.raises(ClientError) as err:
         c.complete(GenerationRequest(prompt="After", max_tokens=2))
     assert err.value.status == 503 and err.value.code == "shutting_down"
-    assert c._sched is None
+    assert not c.service.worker_alive  # closing started no new scheduler
     c.close()  # closing twice is harmless
