@@ -76,7 +76,8 @@ def _data(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def sse_events(ticket: AsyncTicket, kind: Kind, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+async def sse_events(ticket: AsyncTicket, kind: Kind, model: str,
+                     include_usage: bool) -> AsyncIterator[bytes]:
     """The SSE body of a streamed request (see the module docstring)."""
     rid, created = new_id(kind), int(time.time())
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"

@@ -103,7 +103,7 @@ def _wait_for_outputs(client, gateway, count: int) -> None:
 
 def test_both_clients_plan_lookup_scope_and_output_appends_the_same_way(client, tiny_gateway) -> None:
     """One planning path (lookupspec.planning) for both: the output of a request that did not
-    speculate still feeds later requests; the output store and inline documents are used only when
+    speculate still feeds later requests; the output index and inline documents are used only when
     speculating with their source."""
     prompt = f"Planning rules seen by {type(client).__name__}: one, two,"
     plain = GenerationRequest(prompt=prompt, max_tokens=24, lookup=Lookup(enabled=False))
