@@ -56,7 +56,7 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
                     del logits
                     for slot in slots[:b]:
                         engine.runner.pool.truncate(slot, context)
-                engine.drafting.observe_step([r] * len(rows), [context] * len(rows), min(times[1:]))
+                engine.costs.steps.observe([r] * len(rows), [context] * len(rows), min(times[1:]))
     finally:
         for slot in slots:
             engine.runner.free(slot)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from lookupspec.adaptive import Exploration
 from lookupspec.benchmarks.oracle import copy_oracle
 from lookupspec.benchmarks.replay import _engine_parts, replay_prompt
 from lookupspec.benchmarks.replay_batch import BatchPolicy, ReplayItem, replay_batch
@@ -23,6 +22,7 @@ from lookupspec.benchmarks.replay_costs import (
     parse_coefficients,
     samples_from_json,
 )
+from lookupspec.drafting.acceptance import Exploration
 
 ROOT = Path(__file__).resolve().parent.parent
 # t0 20 ms, a row 0.5 ms: drafting pays at small batches (a SmolLM2-on-CPU-like shape)
