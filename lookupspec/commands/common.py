@@ -14,10 +14,10 @@ LEAN_NATIVE = ("auto", "native", "torch")
 
 class _Environ(argparse.Action):
     """An option recorded in the environment variable ``env``: ``--cpu-linear`` in
-    ``LOOKUPSPEC_CPU_LINEAR``, which the packing reads (:mod:`lookupspec.runtime.cpu_gemm`),
+    ``LOOKUPSPEC_CPU_LINEAR``, which the packing reads (:mod:`lookupspec.runtime.native.matmul`),
     ``--cpu-attention`` in ``LOOKUPSPEC_CPU_ATTENTION`` and ``--lean-native`` in
-    ``LOOKUPSPEC_LEAN_NATIVE``, which every forward reads (:mod:`lookupspec.runtime.cpu_attention`,
-    :mod:`lookupspec.runtime.lean_native`), so they hold for every model this process loads."""
+    ``LOOKUPSPEC_LEAN_NATIVE``, which every forward reads (:mod:`lookupspec.runtime.native.attention`,
+    :mod:`lookupspec.runtime.native.layer_ops`), so they hold for every model this process loads."""
 
     def __init__(self, *args, env: str, **kwargs) -> None:
         super().__init__(*args, **kwargs)

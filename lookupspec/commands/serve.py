@@ -194,12 +194,12 @@ def _attention(text_engine: Any) -> str:
     "sdpa"."""
     import torch
 
-    from lookupspec.runtime import cpu_attention
+    from lookupspec.runtime.native import attention as native_attention
 
     param = next(text_engine.loaded.model.parameters())
     if param.device.type != "cpu" or param.dtype != torch.float32:
         return "sdpa"
-    return "native" if cpu_attention.kernel() is not None else "sdpa"
+    return "native" if native_attention.kernel() is not None else "sdpa"
 
 
 def _lean(text_engine: Any) -> str:
@@ -207,9 +207,9 @@ def _lean(text_engine: Any) -> str:
     "on (native element-wise steps)", "on (torch ops)" or "off"."""
     if text_engine.engine.runner.lean is None:
         return "off"
-    from lookupspec.runtime import lean_native
+    from lookupspec.runtime.native import layer_ops
 
-    return "on (native element-wise steps)" if lean_native.kernel() is not None else "on (torch ops)"
+    return "on (native element-wise steps)" if layer_ops.kernel() is not None else "on (torch ops)"
 
 
 def _say(message: str) -> None:

@@ -13,52 +13,32 @@
    Past a few rows, a tile computes longer than its weights take to arrive, and the rows' later tiles
    read the panel from cache: without help the memory would idle while they compute, and a step would
    cost the stream's time plus most of the arithmetic's. So the tiles of a panel prefetch the next
-   panel, a share each, and the two overlap (SmolLM2-135M's 121 products on 2 Zen 5 cores: 32 rows
-   26.6 -> 20.1 ms, 24 rows 22.2 -> 16.2, 8 rows 16.5 -> 15.4). Up to 6 rows the stream is the whole
-   cost and the hardware prefetcher keeps up: there the extra requests only cost (1-4 rows +6%).
+   panel, a share each, and the two overlap. Up to 6 rows (AVX-512) the stream is the whole cost and
+   the hardware prefetcher keeps up: there the extra requests only cost, so they are not made.
 
    Threads: the calling thread's OpenMP team. Loaded after torch, this library shares torch's
    libgomp (same soname), so its parallel regions run on torch's own worker threads. */
 
-#include <immintrin.h>
 #include <omp.h>
 #include <stddef.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
-#define LSG_ISA 512
-typedef __m512 vec;
-static inline vec v_zero(void) { return _mm512_setzero_ps(); }
-static inline vec v_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline vec v_fma(float a, vec w, vec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(a), w, acc); }
-static inline vec v_add(vec a, vec b) { return _mm512_add_ps(a, b); }
-static inline void v_store(float *p, vec v) { _mm512_storeu_ps(p, v); }
+#include "simd.h"
+
+#if LS_ISA == 512
 #define RMAX4 6
 #define RMAX3 8
 #define RMAX2 12
-#elif defined(__AVX2__) && defined(__FMA__)
-#define LSG_ISA 256
-typedef struct { __m256 lo, hi; } vec;
-static inline vec v_zero(void) { vec v = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return v; }
-static inline vec v_load(const float *p) { vec v = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; return v; }
-static inline vec v_fma(float a, vec w, vec acc) {
-    __m256 s = _mm256_set1_ps(a);
-    vec v = {_mm256_fmadd_ps(s, w.lo, acc.lo), _mm256_fmadd_ps(s, w.hi, acc.hi)};
-    return v;
-}
-static inline vec v_add(vec a, vec b) { vec v = {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; return v; }
-static inline void v_store(float *p, vec v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
+#else
 #define RMAX4 1
 #define RMAX3 1
 #define RMAX2 3
-#else
-#error "lookupspec's sgemm needs AVX-512F or AVX2 with FMA"
 #endif
 
-int lsg_isa(void) { return LSG_ISA; }
+int matmul_isa(void) { return LS_ISA; }
 
 /* W [N][K] row-major -> out [ceil(N/16)][K][16], zero past column N. */
-void lsg_pack(const float *w, float *out, long N, long K) {
+void matmul_pack(const float *w, float *out, long N, long K) {
     long nb = (N + 15) / 16;
     for (long b = 0; b < nb; b++)
         for (long k = 0; k < K; k++)
@@ -68,8 +48,8 @@ void lsg_pack(const float *w, float *out, long N, long K) {
             }
 }
 
-/* The inverse of lsg_pack. */
-void lsg_unpack(const float *packed, float *w, long N, long K) {
+/* The inverse of matmul_pack. */
+void matmul_unpack(const float *packed, float *w, long N, long K) {
     for (long n = 0; n < N; n++)
         for (long k = 0; k < K; k++)
             w[n * K + k] = packed[((n / 16) * K + k) * 16 + n % 16];
@@ -109,7 +89,7 @@ static inline void put(float *y, vec acc, const float *bias, long cols) {
             for (int c = 0; c < C; c++) w[c] = v_load(wp + ((long)c * K + k) * 16);                  \
             for (int r = 0; r < R; r++) {                                                            \
                 float a = x[r * ldx + k];                                                            \
-                for (int c = 0; c < C; c++) acc[r][c] = v_fma(a, w[c], acc[r][c]);                   \
+                for (int c = 0; c < C; c++) acc[r][c] = v_fma(v_set(a), w[c], acc[r][c]);                   \
             }                                                                                        \
         }                                                                                            \
         for (int c = 0; c < C && c * 16 < cols; c++) {                                               \
@@ -124,7 +104,7 @@ typedef void (*tile_fn)(const float *, long, const float *, long, float *, long,
 
 TILE(1, 1) TILE(2, 1) TILE(3, 1) TILE(4, 1) TILE(5, 1) TILE(6, 1)
 static const tile_fn T1[7] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1, tile_5_1, tile_6_1};
-#if LSG_ISA == 512
+#if LS_ISA == 512
 TILE(1, 2) TILE(2, 2) TILE(3, 2) TILE(4, 2) TILE(5, 2) TILE(6, 2)
 TILE(7, 2) TILE(8, 2) TILE(9, 2) TILE(10, 2) TILE(11, 2) TILE(12, 2)
 TILE(1, 3) TILE(2, 3) TILE(3, 3) TILE(4, 3) TILE(5, 3) TILE(6, 3) TILE(7, 3) TILE(8, 3)
@@ -171,32 +151,29 @@ static void run_blocks(const float *x, long M, long K, const float *wp, long N, 
     }
 }
 
-/* y [M][N] = x [M][K] @ W.T (+ bias), W packed by lsg_pack; x and y row-major and contiguous. */
-void lsg_linear(const float *x, long M, long K, const float *wp, long N, const float *bias, float *y,
+/* y [M][N] = x [M][K] @ W.T (+ bias), W packed by matmul_pack; x and y row-major and contiguous. */
+void matmul_f32(const float *x, long M, long K, const float *wp, long N, const float *bias, float *y,
                 int nthreads) {
     long nb = (N + 15) / 16;
-    /* Measured on SmolLM2-135M's shapes (AVX-512, 2 cores): up to 6 rows, one 4-block tile of all
-       the rows (each weight read once); 9-12 rows, one 2-block tile of all the rows (24 accumulators,
-       each weight still read once: 9 rows 25.4 -> 22.3 ms, 12 rows 27.5 -> 23.7 on a Zen 4 EPYC, where
-       3-block tiles of 8 rows took a second, one-row tile per panel); otherwise 3-block tiles of up to
-       8 rows (24 accumulators: the most that leave registers for the weights). Any tiling gives the
-       same bits. */
+    /* Tile shapes, measured on SmolLM2-135M's products (2 cores; any tiling gives the same bits).
+       AVX-512, up to 6 rows: one 4-block tile of all the rows, each weight read once. 9-12 rows: one
+       2-block tile of all the rows (24 accumulators; each weight still read once, 12% faster than
+       3-block tiles of 8 rows and a second tile). Otherwise 3-block tiles of up to 8 rows (24
+       accumulators: the most that leave registers for the weights). */
     int one_tile = M > 8 && M <= 12;
     int width = M <= 6 ? 4 : one_tile ? 2 : 3;
     int rows = M <= 6 ? 6 : one_tile ? 12 : 8;
     int prefetch = M > 6;
-#if LSG_ISA != 512
+#if LS_ISA != 512
     /* AVX2 has 16 registers. Past 8 rows (prompt chunks, verified draft trees), 1-block tiles of up
        to 6 rows: 12 accumulators, 2 weight registers and the broadcast fit without spilling, where a
-       2-block tile of 3 rows needs 17 registers (Zen 3 EPYC, 2 threads, SmolLM2's shapes: 1.3-1.8x
-       faster from 12 rows on; 128 rows of the MLP's up projection 5.1 -> 2.8 ms). Up to 8 rows, the
-       decode steps of a batch, streaming the weights from memory: 2-block tiles of 3 rows, which read
-       two streams at once (as fast or faster there, the LM head most). */
+       2-block tile of 3 rows needs 17 registers (1.3-1.8x faster from 12 rows on). Up to 8 rows, the
+       decode steps of a batch, which stream the weights from memory: 2-block tiles of 3 rows, which
+       read two streams at once. */
     width = M <= 8 ? 2 : 1;
     rows = M <= 8 ? 3 : 6;
-    /* Its tiles hold 3 rows, so from 3 rows on a tile computes as long as its panel takes to arrive
-       (an AVX2 build on the Zen 5 above: 3 rows 19.5 -> 15.3 ms, 12 rows 26.4 -> 17.5, 32 rows 49.8
-       -> 40.1; 1-2 rows unchanged). */
+    /* Its tiles hold 3 rows, so from 3 rows on a tile computes as long as its panel takes to arrive,
+       and the prefetch pays (1-2 rows: it makes no difference). */
     prefetch = M > 2;
 #endif
     if (nthreads < 1) nthreads = 1;
