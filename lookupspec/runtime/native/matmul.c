@@ -151,10 +151,8 @@ static void run_blocks(const float *x, long M, long K, const float *wp, long N, 
     }
 }
 
-/* y [M][N] = x [M][K] @ W.T (+ bias), W packed by matmul_pack; x and y row-major and contiguous. */
-void matmul_f32(const float *x, long M, long K, const float *wp, long N, const float *bias, float *y,
-                int nthreads) {
-    long nb = (N + 15) / 16;
+/* The tiles for M rows: `width` blocks of up to `rows` rows, prefetching the next panel or not. */
+static inline void tile_shape(long M, int *width_, int *rows_, int *prefetch_) {
     /* Tile shapes, measured on SmolLM2-135M's products (2 cores; any tiling gives the same bits).
        AVX-512, up to 6 rows: one 4-block tile of all the rows, each weight read once. 9-12 rows: one
        2-block tile of all the rows (24 accumulators; each weight still read once, 12% faster than
@@ -176,6 +174,17 @@ void matmul_f32(const float *x, long M, long K, const float *wp, long N, const f
        and the prefetch pays (1-2 rows: it makes no difference). */
     prefetch = M > 2;
 #endif
+    *width_ = width;
+    *rows_ = rows;
+    *prefetch_ = prefetch;
+}
+
+/* y [M][N] = x [M][K] @ W.T (+ bias), W packed by matmul_pack; x and y row-major and contiguous. */
+void matmul_f32(const float *x, long M, long K, const float *wp, long N, const float *bias, float *y,
+                int nthreads) {
+    long nb = (N + 15) / 16;
+    int width, rows, prefetch;
+    tile_shape(M, &width, &rows, &prefetch);
     if (nthreads < 1) nthreads = 1;
     if (nb < nthreads) nthreads = (int)nb;
     if (nthreads == 1) {
@@ -188,4 +197,165 @@ void matmul_f32(const float *x, long M, long K, const float *wp, long N, const f
         long b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
         run_blocks(x, M, K, wp, N, bias, y, b0, b1, width, rows, prefetch);
     }
+}
+
+/* ------------------------------------------------------------------------------------------------
+   Quantized weights (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), multiplied without a
+   float copy of the model: each panel of 16-column blocks is dequantized into a per-thread buffer
+   (L2-sized: K x 16 floats a block) just before its row tiles run over it, with the float kernel's
+   own tiles above. So every output is the float kernel's chain on the dequantized weights, bit for
+   bit, and all the rows of a product reuse one dequantization of each block.
+
+   The weights are regrouped at load (quantized.py) by 16 output rows, each field a plane whose
+   innermost dimension is the group's 16 rows, so the k-th weights of 16 rows are one 16-lane
+   vector: group g of a plane starts at g times the plane's bytes per group.
+     q   kind 8: int8 [K][16]; else 4-bit values [K/32][16][16], byte i of chunk c holding element
+         32c + i in its low nibble and 32c + 16 + i in its high one
+     hb  the values' high bits: kind 5 one bit [K/8][16] (bit k % 8), kind 6 two [K/4][16]
+         (bits 2 (k % 4), +1)
+     d   float16 [K/bs][16] per block; dm float16 [K/bs][16] (Q4_1, Q5_1: the block's minimum;
+         K-quants: dmin)
+     sc  int8 [K/ss][16] per sub-block (K-quants' scales); mn int8 [K/ss][16] (Q4_K, Q5_K: mins)
+   A weight is gguf's dequantization with its float32 operations, each rounded on its own (this file
+   is built with -ffp-contract=off):
+     w = A * (q - off) [+ B | - B],  A = d [* sc],  B = dm [* mn]
+   as gguf.quants computes it: Q4_1 d * q + m; Q4_K (d * sc) * q - (dmin * m); Q6_K (d * sc) * q. */
+
+#include <stdint.h>
+#include <stdlib.h>
+
+typedef struct {
+    const int8_t *q; const uint8_t *hb; const uint16_t *d, *dm; const int8_t *sc, *mn;
+} planes;
+
+enum { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
+
+/* Group g of the planes (16 rows) dequantized into out [K][16]. */
+static inline __attribute__((always_inline)) void
+dequant_group(const planes *P, long g, long K, float *out, int bs, int ss, int kind, int off, int has_sc,
+              int minmode) {
+    long nb = K / bs, ns = K / ss;
+    const int8_t *q = P->q + g * (kind == 8 ? K * 16 : K * 8);
+    const uint8_t *hb = kind == 5 ? P->hb + g * K * 2 : kind == 6 ? P->hb + g * K * 4 : NULL;
+    const uint16_t *d = P->d + g * nb * 16, *dm = minmode ? P->dm + g * nb * 16 : NULL;
+    const int8_t *sc = has_sc ? P->sc + g * ns * 16 : NULL, *mn = minmode == 2 ? P->mn + g * ns * 16 : NULL;
+    const __m128i low = _mm_set1_epi8(0x0F), one = _mm_set1_epi8(1), three = _mm_set1_epi8(3);
+    const __m128i offset = _mm_set1_epi8((char)off);
+    for (long s = 0; s < ns; s++) {
+        long blk = s * ss / bs;
+        vec A = v_from_f16(d + blk * 16), B = v_zero();
+        if (has_sc) A = v_mul(A, v_from_i8(_mm_loadu_si128((const __m128i *)(sc + s * 16))));
+        if (minmode) B = v_from_f16(dm + blk * 16);
+        if (minmode == 2) B = v_mul(B, v_from_i8(_mm_loadu_si128((const __m128i *)(mn + s * 16))));
+        for (long k = s * ss; k < (s + 1) * ss; k++) {
+            __m128i qi;
+            if (kind == 8) {
+                qi = _mm_loadu_si128((const __m128i *)(q + k * 16));
+            } else {
+                qi = _mm_loadu_si128((const __m128i *)(q + ((k >> 5) * 16 + (k & 15)) * 16));
+                if (k & 16) qi = _mm_srli_epi16(qi, 4);
+                qi = _mm_and_si128(qi, low);
+                if (kind == 5) {
+                    __m128i h = _mm_loadu_si128((const __m128i *)(hb + (k >> 3) * 16));
+                    h = _mm_and_si128(_mm_srl_epi16(h, _mm_cvtsi32_si128((int)(k & 7))), one);
+                    qi = _mm_or_si128(qi, _mm_slli_epi16(h, 4));
+                } else if (kind == 6) {
+                    __m128i h = _mm_loadu_si128((const __m128i *)(hb + (k >> 2) * 16));
+                    h = _mm_and_si128(_mm_srl_epi16(h, _mm_cvtsi32_si128((int)(2 * (k & 3)))), three);
+                    qi = _mm_or_si128(qi, _mm_slli_epi16(h, 4));
+                }
+                if (off) qi = _mm_sub_epi8(qi, offset);
+            }
+            vec w = v_mul(A, v_from_i8(qi));
+            if (minmode == 1) w = v_add(w, B);
+            else if (minmode == 2) w = v_sub(w, B);
+            v_store(out + k * 16, w);
+        }
+    }
+}
+
+static void dequant(const planes *P, int type, long g, long K, float *out) {
+    switch (type) {
+    case Q8_0: dequant_group(P, g, K, out, 32, 32, 8, 0, 0, 0); break;
+    case Q4_0: dequant_group(P, g, K, out, 32, 32, 4, 8, 0, 0); break;
+    case Q4_1: dequant_group(P, g, K, out, 32, 32, 4, 0, 0, 1); break;
+    case Q5_0: dequant_group(P, g, K, out, 32, 32, 5, 16, 0, 0); break;
+    case Q5_1: dequant_group(P, g, K, out, 32, 32, 5, 0, 0, 1); break;
+    case Q4_K: dequant_group(P, g, K, out, 256, 32, 4, 0, 1, 2); break;
+    case Q5_K: dequant_group(P, g, K, out, 256, 32, 5, 0, 1, 2); break;
+    case Q6_K: dequant_group(P, g, K, out, 256, 16, 6, 32, 1, 0); break;
+    default: break;
+    }
+}
+
+/* A thread's panel buffer, grown as needed and kept (a decode step calls this ~120 times). */
+static __thread float *panel_buf;
+static __thread size_t panel_cap;
+
+static float *panel(size_t floats) {
+    if (floats > panel_cap) {
+        free(panel_buf);
+        panel_buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        panel_cap = panel_buf ? floats : 0;
+    }
+    return panel_buf;
+}
+
+static void run_blocks_q(const float *x, long M, long K, const planes *P, int type, long N, const float *bias,
+                         float *y, long b0, long b1, int width, int rows) {
+    float *buf = panel((size_t)width * K * 16);
+    if (!buf) return;
+    long b = b0;
+    while (b < b1) {
+        int c = width;
+        while (c > 1 && b + c > b1) c = c == 3 ? 2 : c / 2;
+        int rmax = c == 4 ? RMAX4 : c == 3 ? RMAX3 : c == 2 ? RMAX2 : 6;
+        int step = rows < rmax ? rows : rmax;
+        const tile_fn *table = c == 4 ? T4 : c == 3 ? T3 : c == 2 ? T2 : T1;
+        long cols = N - b * 16;
+        if (cols > 16L * c) cols = 16L * c;
+        for (int j = 0; j < c; j++) dequant(P, type, b + j, K, buf + j * K * 16);
+        for (long m0 = 0; m0 < M; m0 += step) {
+            long r = M - m0 < step ? M - m0 : step;
+            table[r](x + m0 * K, K, buf, K, y + m0 * N + b * 16, N, bias ? bias + b * 16 : NULL, cols, NULL,
+                     NULL, 0);
+        }
+        b += c;
+    }
+}
+
+/* y [M][N] = x [M][K] @ W.T (+ bias) for W quantized as `type` in the planes above (N rounded up to
+   16 rows there, the extra rows zero); the same tile shapes as matmul_f32. */
+void matmul_quant(const float *x, long M, long K, const int8_t *q, const uint8_t *hb, const uint16_t *d,
+                  const uint16_t *dm, const int8_t *sc, const int8_t *mn, int type, long N, const float *bias,
+                  float *y, int nthreads) {
+    planes P = {q, hb, d, dm, sc, mn};
+    long nb = (N + 15) / 16;
+    int width, rows, prefetch;
+    tile_shape(M, &width, &rows, &prefetch);
+    if (nthreads < 1) nthreads = 1;
+    if (nb < nthreads) nthreads = (int)nb;
+    if (nthreads == 1) {
+        run_blocks_q(x, M, K, &P, type, N, bias, y, 0, nb, width, rows);
+        return;
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        run_blocks_q(x, M, K, &P, type, N, bias, y, nb * t / nt, nb * (t + 1) / nt, width, rows);
+    }
+}
+
+/* The weights as floats, out [N][K]: what matmul_quant multiplies. */
+void matmul_quant_dequant(const int8_t *q, const uint8_t *hb, const uint16_t *d, const uint16_t *dm,
+                          const int8_t *sc, const int8_t *mn, int type, long N, long K, float *out) {
+    planes P = {q, hb, d, dm, sc, mn};
+    float *buf = aligned_alloc(64, (size_t)K * 16 * sizeof(float));
+    if (!buf) return;
+    for (long g = 0; g < (N + 15) / 16; g++) {
+        dequant(&P, type, g, K, buf);
+        for (long l = 0; l < 16 && g * 16 + l < N; l++)
+            for (long k = 0; k < K; k++) out[(g * 16 + l) * K + k] = buf[k * 16 + l];
+    }
+    free(buf);
 }

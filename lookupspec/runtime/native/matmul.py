@@ -43,6 +43,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.matmul_unpack.argtypes = [p, p, i64, i64]
     lib.matmul_unpack.restype = None
     lib.matmul_isa.restype = ctypes.c_int
+    # x, M, K, planes q, hb, d, dm, sc, mn, type, N, bias, y, threads (see quantized.py)
+    lib.matmul_quant.argtypes = [p, i64, i64, p, p, p, p, p, p, ctypes.c_int, i64, p, p, ctypes.c_int]
+    lib.matmul_quant.restype = None
+    lib.matmul_quant_dequant.argtypes = [p, p, p, p, p, p, ctypes.c_int, i64, i64, p]
+    lib.matmul_quant_dequant.restype = None
 
 
 _LIBRARY = LazyLibrary(_SOURCE, _declare, "LOOKUPSPEC_CPU_LINEAR", on="stream", off="onednn",

@@ -32,6 +32,10 @@ static inline vec v_pow2(vec a, vec n) {
 static inline __m256 v_fold(vec v) {
     return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
+/* 16 signed bytes -> 16 floats (exact) */
+static inline vec v_from_i8(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
+/* 16 float16 -> 16 floats (exact) */
+static inline vec v_from_f16(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define LS_ISA 256
 typedef struct { __m256 lo, hi; } vec;
@@ -55,6 +59,12 @@ static inline __m256 ls_pow2_half(__m256 a, __m256 n) {
 }
 static inline vec v_pow2(vec a, vec n) { LS_V2(ls_pow2_half(a.lo, n.lo), ls_pow2_half(a.hi, n.hi)); }
 static inline __m256 v_fold(vec v) { return _mm256_add_ps(v.lo, v.hi); }
+static inline vec v_from_i8(__m128i q) {
+    LS_V2(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))));
+}
+static inline vec v_from_f16(const void *p) {
+    LS_V2(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p + 1)));
+}
 #else
 #error "lookupspec's CPU kernels need AVX-512F or AVX2 with FMA"
 #endif
