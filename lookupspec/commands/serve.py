@@ -323,6 +323,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
             output_cap_tokens=args.output_cap_tokens, limits=limits, trace_iterations=args.trace_iterations)
         service = build_service(te, store, config)
         spec = te.engine.default_spec
+        _say(f"weights: {te.loaded.weights}, {te.loaded.resident_bytes() / 2**20:.0f} MiB resident")
         _say(f"model: {config.model_name} ({te.loaded.path}), {te.loaded.dtype} on {args.device}, "
              f"{torch.get_num_threads()} threads, context window {service.context_window} tokens; "
              f"speculation {'on' if spec.enabled else 'off'}: up to {spec.max_draft_tokens} draft tokens "

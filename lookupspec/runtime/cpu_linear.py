@@ -47,9 +47,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .native import matmul
+from .native.quantized import QuantWeights
 
-__all__ = ["FusedLinears", "PackedLinear", "linear_backend", "pack_linears", "packing_available",
-           "single_row_differs"]
+__all__ = ["FusedLinears", "PackedLinear", "QuantizedLinear", "linear_backend", "pack_linears",
+           "packing_available", "single_row_differs"]
 
 _BATCH_HINT = 8  # the row count oneDNN tunes the layout for; measured best for 1-32 rows here
 _PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 24, 32, 48, 100, 136, 200)
@@ -264,3 +265,43 @@ def pack_linears(model: torch.nn.Module, batch_hint: int = _BATCH_HINT,
                 setattr(parent, name, memo[id(child)][1])
                 replaced += 1
     return replaced
+
+
+class QuantizedLinear(torch.nn.Module):
+    """``y = x @ W.T + b`` with ``W`` a GGUF-quantized tensor multiplied as it is
+    (:mod:`.native.quantized`): the outputs of the streaming float32 kernel on gguf's dequantization
+    of ``W``, bit for bit, from the quantized bytes. Keeps ``in_features``/``out_features``."""
+
+    backend = "quantized"
+
+    def __init__(self, weights: QuantWeights) -> None:
+        super().__init__()
+        self.weights = weights  # a plain attribute, as PackedLinear's
+        self.in_features = weights.in_features
+        self.out_features = weights.out_features
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.weights.bias
+
+    @property
+    def kind(self) -> str:
+        """The GGUF type: ``"Q4_K"``, ``"Q8_0"``, ..."""
+        return self.weights.kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weights(x)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The dequantized weight ``[out_features, in_features]`` (a new float32 tensor)."""
+        return self.weights.dense()
+
+    @staticmethod
+    def stack(parts: Sequence[QuantizedLinear]) -> QuantWeights | None:
+        """Layers that read one input as one product over their stacked rows (each output the same
+        chain, so the same bits as the separate layers), or None where their types or shapes do not
+        allow it."""
+        return QuantWeights.stack([p.weights for p in parts])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}"

@@ -74,12 +74,16 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 def _joint(linears: list[Any]) -> Any:
     """A callable ``x -> cat([lin(x) for lin in linears], -1)``: one fused oneDNN matmul when the
     layers are packed and fuse bit-identically, else one call per layer."""
-    from .cpu_linear import FusedLinears, PackedLinear
+    from .cpu_linear import FusedLinears, PackedLinear, QuantizedLinear
 
     if all(type(lin) is PackedLinear for lin in linears):
         fused = FusedLinears.fuse(linears)
         if fused is not None:
             return fused
+    if all(type(lin) is QuantizedLinear for lin in linears):
+        stacked = QuantizedLinear.stack(linears)
+        if stacked is not None:
+            return stacked
     return lambda x: torch.cat([lin(x) for lin in linears], dim=-1)
 
 

@@ -79,7 +79,8 @@ def _fields(kind: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
         out["q"] = q
     elif kind == "Q6_K":
         ql = blocks[..., 0:128].reshape(rows, nb, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(2, 1)
-        qh = blocks[..., 128:192].reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+        shifts = np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+        qh = blocks[..., 128:192].reshape(rows, nb, 2, 1, 32) >> shifts
         out["q"] = (ql & 0x0F).reshape(rows, nb, 256) | ((qh & 0x03).reshape(rows, nb, 256) << 4)
         out["sc"] = blocks[..., 192:208].view(np.int8)
         out["d"] = _f16(blocks[..., 208:210])
@@ -162,7 +163,8 @@ class QuantWeights:
         return [self.planes[n].data_ptr() if n in self.planes else None for n in _PLANES]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
+        grad = x.requires_grad and torch.is_grad_enabled()
+        if x.dtype != torch.float32 or x.device.type != "cpu" or grad:
             raise TypeError("the quantized matmul takes float32 CPU inputs without autograd")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the layer {self.in_features}")
