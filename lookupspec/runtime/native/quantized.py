@@ -101,6 +101,8 @@ def _grouped(a: np.ndarray) -> np.ndarray:
 def regroup(kind: str, raw: np.ndarray, in_features: int) -> dict[str, np.ndarray]:
     """A GGUF tensor's raw blocks ``raw`` [rows, row_bytes] (uint8) -> the planes ``matmul_quant``
     reads (``matmul.c`` describes them), the rows padded with zeros to a multiple of 16."""
+    if kind not in QUANT_TYPES:
+        raise ValueError(f"no quantized kernel for {kind}")
     _, per_block, nbytes = QUANT_TYPES[kind]
     if raw.dtype != np.uint8 or raw.ndim != 2 or in_features % per_block:
         raise ValueError(f"{kind}: expected uint8 [rows, row_bytes] over a multiple of {per_block} values")
