@@ -269,7 +269,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket, keys: dict[str, str], 
     from lookupspec.gateway.app import build_app
     from lookupspec.gateway.auth import Authenticator
     from lookupspec.gateway.lifecycle import Lifecycle
-    from lookupspec.gateway.store import StoreError, open_store
+    from lookupspec.store import StoreError, open_store
 
     try:
         # Opened (not started: no replay yet) before serving, so a locked data directory or a bad
@@ -302,7 +302,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
 
     from lookupspec.gateway.app import build_service
     from lookupspec.gateway.config import GatewayConfig
-    from lookupspec.gateway.store import StoreError
+    from lookupspec.store import StoreError
     from lookupspec.text import TextEngine
 
     started = time.perf_counter()

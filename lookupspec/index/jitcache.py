@@ -80,8 +80,8 @@ def compile_all() -> None:
     serve` and `make test` run this beside `lookupspec pull`, so the server and the test workers find
     the caches written. Loading them all from the cache takes about a second."""
     from lookupspec.drafting import composer, scoring  # noqa: F401 - they compile at import
-    from lookupspec.index.context import ContextStore
-    from lookupspec.index.corpus import CorpusStore
+    from lookupspec.index.context import ContextIndex
+    from lookupspec.index.corpus import CorpusIndex
 
-    ContextStore()
-    CorpusStore()
+    ContextIndex()
+    CorpusIndex()

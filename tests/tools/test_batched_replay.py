@@ -14,8 +14,8 @@ import pytest
 
 from lookupspec.adaptive import Exploration
 from lookupspec.benchmarks.oracle import copy_oracle
+from tools.batched_replay import BatchPolicy, ReplayItem, replay_batch
 from tools.replay import _engine_parts, replay_prompt
-from tools.replay_batch import BatchPolicy, ReplayItem, replay_batch
 from tools.replay_costs import (
     CostSample,
     cost_model,
