@@ -201,10 +201,11 @@ void matmul_f32(const float *x, long M, long K, const float *wp, long N, const f
 
 /* ------------------------------------------------------------------------------------------------
    Quantized weights (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), multiplied without a
-   float copy of the model: each panel of 16-column blocks is dequantized into a per-thread buffer
-   (L2-sized: K x 16 floats a block) just before its row tiles run over it, with the float kernel's
-   own tiles above. So every output is the float kernel's chain on the dequantized weights, bit for
-   bit, and all the rows of a product reuse one dequantization of each block.
+   float copy of the model: each panel of 16-column blocks is dequantized, KCHUNK values of k at a
+   time, into a per-thread buffer that stays in L1, and every row tile of the product runs over it,
+   continuing its fused multiply-add chains where the previous chunk left them. So every output is the
+   float kernel's chain on the dequantized weights, bit for bit, and all the rows of a product reuse
+   one dequantization of each block.
 
    The weights are regrouped at load (quantized.py) by 16 output rows, each field a plane whose
    innermost dimension is the group's 16 rows, so the k-th weights of 16 rows are one 16-lane
@@ -230,63 +231,153 @@ typedef struct {
 
 enum { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
 
-/* Group g of the planes (16 rows) dequantized into out [K][16]. */
+/* The scale and offset of sub-block s: A = d [* sc], B = dm [* mn] (16 rows each). */
 static inline __attribute__((always_inline)) void
-dequant_group(const planes *P, long g, long K, float *out, int bs, int ss, int kind, int off, int has_sc,
-              int minmode) {
+scales(const uint16_t *d, const uint16_t *dm, const int8_t *sc, const int8_t *mn, long s, long blk, int has_sc,
+       int minmode, vec *A, vec *B) {
+    *A = v_from_f16(d + blk * 16);
+    *B = v_zero();
+    if (has_sc) *A = v_mul(*A, v_from_i8(_mm_loadu_si128((const __m128i *)(sc + s * 16))));
+    if (minmode) *B = v_from_f16(dm + blk * 16);
+    if (minmode == 2) *B = v_mul(*B, v_from_i8(_mm_loadu_si128((const __m128i *)(mn + s * 16))));
+}
+
+/* w = A * q [+ B | - B] for 16 values q (int8), stored at out. */
+static inline __attribute__((always_inline)) void
+put_weights(float *out, __m128i q, vec A, vec B, int minmode) {
+    vec w = v_mul(A, v_from_i8(q));
+    if (minmode == 1) w = v_add(w, B);
+    else if (minmode == 2) w = v_sub(w, B);
+    v_store(out, w);
+}
+
+/* Values [kb, ke) of group g of the planes (16 rows) dequantized into out [ke - kb][16], 32 values (one chunk of the 4-bit
+   plane: byte i gives values i and 16 + i) at a time; ss is 32 or 16, so a chunk holds one or two
+   sub-blocks. */
+static inline __attribute__((always_inline)) void
+dequant_group(const planes *P, long g, long K, long kb, long ke, float *out, int bs, int ss, int kind, int off,
+              int has_sc, int minmode) {
     long nb = K / bs, ns = K / ss;
     const int8_t *q = P->q + g * (kind == 8 ? K * 16 : K * 8);
     const uint8_t *hb = kind == 5 ? P->hb + g * K * 2 : kind == 6 ? P->hb + g * K * 4 : NULL;
     const uint16_t *d = P->d + g * nb * 16, *dm = minmode ? P->dm + g * nb * 16 : NULL;
     const int8_t *sc = has_sc ? P->sc + g * ns * 16 : NULL, *mn = minmode == 2 ? P->mn + g * ns * 16 : NULL;
-    const __m128i low = _mm_set1_epi8(0x0F), one = _mm_set1_epi8(1), three = _mm_set1_epi8(3);
-    const __m128i offset = _mm_set1_epi8((char)off);
-    for (long s = 0; s < ns; s++) {
-        long blk = s * ss / bs;
-        vec A = v_from_f16(d + blk * 16), B = v_zero();
-        if (has_sc) A = v_mul(A, v_from_i8(_mm_loadu_si128((const __m128i *)(sc + s * 16))));
-        if (minmode) B = v_from_f16(dm + blk * 16);
-        if (minmode == 2) B = v_mul(B, v_from_i8(_mm_loadu_si128((const __m128i *)(mn + s * 16))));
-        for (long k = s * ss; k < (s + 1) * ss; k++) {
-            __m128i qi;
-            if (kind == 8) {
-                qi = _mm_loadu_si128((const __m128i *)(q + k * 16));
-            } else {
-                qi = _mm_loadu_si128((const __m128i *)(q + ((k >> 5) * 16 + (k & 15)) * 16));
-                if (k & 16) qi = _mm_srli_epi16(qi, 4);
-                qi = _mm_and_si128(qi, low);
-                if (kind == 5) {
-                    __m128i h = _mm_loadu_si128((const __m128i *)(hb + (k >> 3) * 16));
-                    h = _mm_and_si128(_mm_srl_epi16(h, _mm_cvtsi32_si128((int)(k & 7))), one);
-                    qi = _mm_or_si128(qi, _mm_slli_epi16(h, 4));
-                } else if (kind == 6) {
-                    __m128i h = _mm_loadu_si128((const __m128i *)(hb + (k >> 2) * 16));
-                    h = _mm_and_si128(_mm_srl_epi16(h, _mm_cvtsi32_si128((int)(2 * (k & 3)))), three);
-                    qi = _mm_or_si128(qi, _mm_slli_epi16(h, 4));
-                }
-                if (off) qi = _mm_sub_epi8(qi, offset);
+    const __m128i low = _mm_set1_epi8(0x0F), offset = _mm_set1_epi8((char)off);
+    for (long c = kb / 32; c < ke / 32; c++) {
+        long k0 = 32 * c, s0 = k0 / ss, s1 = (k0 + 16) / ss;
+        vec A0, B0, A1, B1;
+        scales(d, dm, sc, mn, s0, k0 / bs, has_sc, minmode, &A0, &B0);
+        if (s1 != s0) scales(d, dm, sc, mn, s1, k0 / bs, has_sc, minmode, &A1, &B1);
+        else A1 = A0, B1 = B0;
+        float *o = out + (k0 - kb) * 16;
+        if (kind == 8) {
+            const int8_t *qc = q + k0 * 16;
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                put_weights(o + i * 16, _mm_loadu_si128((const __m128i *)(qc + i * 16)), A0, B0, minmode);
+                put_weights(o + (16 + i) * 16, _mm_loadu_si128((const __m128i *)(qc + (16 + i) * 16)), A1, B1,
+                            minmode);
             }
-            vec w = v_mul(A, v_from_i8(qi));
-            if (minmode == 1) w = v_add(w, B);
-            else if (minmode == 2) w = v_sub(w, B);
-            v_store(out + k * 16, w);
+            continue;
+        }
+        const int8_t *qc = q + c * 256;
+        const uint8_t *hc = kind == 5 ? hb + c * 64 : kind == 6 ? hb + c * 128 : NULL;
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(qc + i * 16));
+            __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+            if (kind == 5) { /* bit k % 8 of byte k / 8: k = 32 c + i and 32 c + 16 + i */
+                __m128i h0 = _mm_loadu_si128((const __m128i *)(hc + (i >> 3) * 16));
+                __m128i h1 = _mm_loadu_si128((const __m128i *)(hc + (2 + (i >> 3)) * 16));
+                const __m128i one = _mm_set1_epi8(1);
+                lo = _mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h0, i & 7), one), 4));
+                hi = _mm_or_si128(hi, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h1, i & 7), one), 4));
+            }
+            if (kind == 6) { /* bits 2 (k % 4), +1 of byte k / 4 */
+                __m128i h0 = _mm_loadu_si128((const __m128i *)(hc + (i >> 2) * 16));
+                __m128i h1 = _mm_loadu_si128((const __m128i *)(hc + (4 + (i >> 2)) * 16));
+                int sh = 2 * (i & 3);
+                const __m128i three = _mm_set1_epi8(3);
+                lo = _mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h0, sh), three), 4));
+                hi = _mm_or_si128(hi, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h1, sh), three), 4));
+            }
+            if (off) {
+                lo = _mm_sub_epi8(lo, offset);
+                hi = _mm_sub_epi8(hi, offset);
+            }
+            put_weights(o + i * 16, lo, A0, B0, minmode);
+            put_weights(o + (16 + i) * 16, hi, A1, B1, minmode);
         }
     }
 }
 
-static void dequant(const planes *P, int type, long g, long K, float *out) {
+static void dequant(const planes *P, int type, long g, long K, long kb, long ke, float *out) {
     switch (type) {
-    case Q8_0: dequant_group(P, g, K, out, 32, 32, 8, 0, 0, 0); break;
-    case Q4_0: dequant_group(P, g, K, out, 32, 32, 4, 8, 0, 0); break;
-    case Q4_1: dequant_group(P, g, K, out, 32, 32, 4, 0, 0, 1); break;
-    case Q5_0: dequant_group(P, g, K, out, 32, 32, 5, 16, 0, 0); break;
-    case Q5_1: dequant_group(P, g, K, out, 32, 32, 5, 0, 0, 1); break;
-    case Q4_K: dequant_group(P, g, K, out, 256, 32, 4, 0, 1, 2); break;
-    case Q5_K: dequant_group(P, g, K, out, 256, 32, 5, 0, 1, 2); break;
-    case Q6_K: dequant_group(P, g, K, out, 256, 16, 6, 32, 1, 0); break;
+    case Q8_0: dequant_group(P, g, K, kb, ke, out, 32, 32, 8, 0, 0, 0); break;
+    case Q4_0: dequant_group(P, g, K, kb, ke, out, 32, 32, 4, 8, 0, 0); break;
+    case Q4_1: dequant_group(P, g, K, kb, ke, out, 32, 32, 4, 0, 0, 1); break;
+    case Q5_0: dequant_group(P, g, K, kb, ke, out, 32, 32, 5, 16, 0, 0); break;
+    case Q5_1: dequant_group(P, g, K, kb, ke, out, 32, 32, 5, 0, 0, 1); break;
+    case Q4_K: dequant_group(P, g, K, kb, ke, out, 256, 32, 4, 0, 1, 2); break;
+    case Q5_K: dequant_group(P, g, K, kb, ke, out, 256, 32, 5, 0, 1, 2); break;
+    case Q6_K: dequant_group(P, g, K, kb, ke, out, 256, 16, 6, 32, 1, 0); break;
     default: break;
     }
 }
+
+/* One tile over a chunk of k: R rows x C blocks continuing the chains in acc [R][C][16] (zero
+   before the first chunk), the chunk's weights wp [C][kn][16]; after the last chunk (y != NULL)
+   the sums go to y (+ bias) as the float kernel's tiles put them. Storing and reloading an
+   accumulator is exact, so the chains are the float kernel's. */
+#define TILEK(R, C)                                                                                 \
+    static void tilek_##R##_##C(const float *x, long ldx, const float *wp, long kn, float *accp,       \
+                                float *y, long ldy, const float *bias, long cols) {                   \
+        vec acc[R][C];                                                                               \
+        for (int r = 0; r < R; r++)                                                                  \
+            for (int c = 0; c < C; c++) acc[r][c] = v_load(accp + (r * C + c) * 16);                  \
+        for (long k = 0; k < kn; k++) {                                                              \
+            vec w[C];                                                                                \
+            for (int c = 0; c < C; c++) w[c] = v_load(wp + ((long)c * kn + k) * 16);                 \
+            for (int r = 0; r < R; r++) {                                                            \
+                float a = x[r * ldx + k];                                                            \
+                for (int c = 0; c < C; c++) acc[r][c] = v_fma(v_set(a), w[c], acc[r][c]);            \
+            }                                                                                        \
+        }                                                                                            \
+        if (!y) {                                                                                    \
+            for (int r = 0; r < R; r++)                                                              \
+                for (int c = 0; c < C; c++) v_store(accp + (r * C + c) * 16, acc[r][c]);              \
+            return;                                                                                  \
+        }                                                                                            \
+        for (int c = 0; c < C && c * 16 < cols; c++) {                                               \
+            long left = cols - c * 16;                                                               \
+            for (int r = 0; r < R; r++)                                                              \
+                put(y + r * ldy + c * 16, acc[r][c], bias ? bias + c * 16 : NULL, left);             \
+        }                                                                                            \
+    }
+
+typedef void (*tilek_fn)(const float *, long, const float *, long, float *, float *, long, const float *, long);
+
+TILEK(1, 1) TILEK(2, 1) TILEK(3, 1) TILEK(4, 1) TILEK(5, 1) TILEK(6, 1)
+static const tilek_fn K1[7] = {0, tilek_1_1, tilek_2_1, tilek_3_1, tilek_4_1, tilek_5_1, tilek_6_1};
+#if LS_ISA == 512
+TILEK(1, 2) TILEK(2, 2) TILEK(3, 2) TILEK(4, 2) TILEK(5, 2) TILEK(6, 2)
+TILEK(7, 2) TILEK(8, 2) TILEK(9, 2) TILEK(10, 2) TILEK(11, 2) TILEK(12, 2)
+TILEK(1, 3) TILEK(2, 3) TILEK(3, 3) TILEK(4, 3) TILEK(5, 3) TILEK(6, 3) TILEK(7, 3) TILEK(8, 3)
+TILEK(1, 4) TILEK(2, 4) TILEK(3, 4) TILEK(4, 4) TILEK(5, 4) TILEK(6, 4)
+static const tilek_fn K2[13] = {0, tilek_1_2, tilek_2_2, tilek_3_2, tilek_4_2, tilek_5_2, tilek_6_2,
+                                tilek_7_2, tilek_8_2, tilek_9_2, tilek_10_2, tilek_11_2, tilek_12_2};
+static const tilek_fn K3[9] = {0, tilek_1_3, tilek_2_3, tilek_3_3, tilek_4_3, tilek_5_3, tilek_6_3, tilek_7_3,
+                               tilek_8_3};
+static const tilek_fn K4[7] = {0, tilek_1_4, tilek_2_4, tilek_3_4, tilek_4_4, tilek_5_4, tilek_6_4};
+#else
+TILEK(1, 2) TILEK(2, 2) TILEK(3, 2)
+static const tilek_fn K2[4] = {0, tilek_1_2, tilek_2_2, tilek_3_2};
+static const tilek_fn K3[2] = {0, 0};
+static const tilek_fn K4[2] = {0, 0};
+#endif
+
+/* Values of k per chunk: a 4-block chunk's weights (32 KB) stay in L1 while every row tile reads them. */
+#define KCHUNK 128
 
 /* A thread's panel buffer, grown as needed and kept (a decode step calls this ~120 times). */
 static __thread float *panel_buf;
@@ -303,22 +394,28 @@ static float *panel(size_t floats) {
 
 static void run_blocks_q(const float *x, long M, long K, const planes *P, int type, long N, const float *bias,
                          float *y, long b0, long b1, int width, int rows) {
-    float *buf = panel((size_t)width * K * 16);
+    float *buf = panel((size_t)width * KCHUNK * 16 + (size_t)M * width * 16);
     if (!buf) return;
+    float *accs = buf + (size_t)width * KCHUNK * 16; /* [tile][R][C][16], the tiles one after another */
     long b = b0;
     while (b < b1) {
         int c = width;
         while (c > 1 && b + c > b1) c = c == 3 ? 2 : c / 2;
         int rmax = c == 4 ? RMAX4 : c == 3 ? RMAX3 : c == 2 ? RMAX2 : 6;
         int step = rows < rmax ? rows : rmax;
-        const tile_fn *table = c == 4 ? T4 : c == 3 ? T3 : c == 2 ? T2 : T1;
+        const tilek_fn *table = c == 4 ? K4 : c == 3 ? K3 : c == 2 ? K2 : K1;
         long cols = N - b * 16;
         if (cols > 16L * c) cols = 16L * c;
-        for (int j = 0; j < c; j++) dequant(P, type, b + j, K, buf + j * K * 16);
-        for (long m0 = 0; m0 < M; m0 += step) {
-            long r = M - m0 < step ? M - m0 : step;
-            table[r](x + m0 * K, K, buf, K, y + m0 * N + b * 16, N, bias ? bias + b * 16 : NULL, cols, NULL,
-                     NULL, 0);
+        memset(accs, 0, sizeof(float) * (size_t)M * c * 16);
+        for (long k0 = 0; k0 < K; k0 += KCHUNK) {
+            long kn = K - k0 < KCHUNK ? K - k0 : KCHUNK;
+            int last = k0 + kn == K;
+            for (int j = 0; j < c; j++) dequant(P, type, b + j, K, k0, k0 + kn, buf + j * kn * 16);
+            for (long m0 = 0; m0 < M; m0 += step) {
+                long r = M - m0 < step ? M - m0 : step;
+                table[r](x + m0 * K + k0, K, buf, kn, accs + m0 * c * 16, last ? y + m0 * N + b * 16 : NULL, N,
+                         bias ? bias + b * 16 : NULL, cols);
+            }
         }
         b += c;
     }
@@ -353,7 +450,7 @@ void matmul_quant_dequant(const int8_t *q, const uint8_t *hb, const uint16_t *d,
     float *buf = aligned_alloc(64, (size_t)K * 16 * sizeof(float));
     if (!buf) return;
     for (long g = 0; g < (N + 15) / 16; g++) {
-        dequant(&P, type, g, K, buf);
+        dequant(&P, type, g, K, 0, K, buf);
         for (long l = 0; l < 16 && g * 16 + l < N; l++)
             for (long k = 0; k < K; k++) out[(g * 16 + l) * K + k] = buf[k * 16 + l];
     }
