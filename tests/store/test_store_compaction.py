@@ -128,7 +128,7 @@ def run_until_killed(backend: str, where: str, data_dir: Path, url: str = "", pr
     """Run the churning child until it kills itself at ``where``; return the last acknowledged i."""
     proc = subprocess.run([sys.executable, "-c", CHILD, backend, where, str(data_dir), url, prefix],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -9, f"the child did not die at {where!r}: {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == -9, f"no kill at {where!r}: {proc.returncode}\n{proc.stderr[-3000:]}"
     acked = [int(line) for line in proc.stdout.split()]
     assert acked, proc.stderr[-3000:]
     return acked[-1]
@@ -142,7 +142,8 @@ def assert_nothing_acknowledged_lost(state: StoreState, last: int) -> None:
 
 
 @pytest.mark.parametrize("where", ["before", "snapshot", "fsynced", "renamed"])
-def test_kill_9_at_every_step_of_an_embedded_compaction_loses_nothing_acknowledged(tmp_path: Path, where: str):
+def test_kill_9_at_every_step_of_an_embedded_compaction_loses_nothing_acknowledged(tmp_path: Path,
+                                                                                  where: str):
     data_dir = tmp_path / "data"
     last = run_until_killed("embedded", where, data_dir)
     store = open_store(data_dir, None)
