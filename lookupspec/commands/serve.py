@@ -175,7 +175,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _warm_up(text_engine: Any) -> None:
     """What the first request would otherwise pay for: one short generation, the prompt byte bound
-    (a parse of the tokenizer's JSON: ~0.4 s for SmolLM2 on a Zen 5 EPYC, once) and a chat prompt
+    (a parse of the tokenizer's JSON, ~0.4 s for SmolLM2, once) and a chat prompt
     through the template and the tokenizer."""
     params = text_engine.params(max_tokens=4, temperature=0.0)
     for _ in text_engine.engine.generate([0, 1, 2, 3], params):

@@ -55,8 +55,8 @@ def active_batch(batch: RaggedBatch) -> Iterator[None]:
 
 def unplanned_sdpa(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """On CUDA: ``scaled_dot_product_attention`` without cuDNN's backend, which builds (and caches) a
-    graph for every new shape: 66 ms for the first call at each new key length of a decode row
-    against 0.13 ms with flash attention (an H100, torch 2.11, bfloat16), while a decode row's key
+    graph for every new shape (tens of milliseconds for the first call at each new key length of a
+    decode row, against a fraction of a millisecond with flash attention), while a decode row's key
     length is new at nearly every step. Flash attention plans nothing per shape. Elsewhere: torch's
     own choice. Runtime forwards use it for unmasked views, and for masked ones where the runner's
     probe allows (:func:`attend`); a draft model's forwards, whose numbers only need to be

@@ -176,8 +176,8 @@ def test_in_process_requests_are_counted_in_the_engine_aggregate(local_client) -
 
 def test_a_closed_local_client_refuses_requests_and_starts_no_scheduler(local_client) -> None:
     """`lookupspec summarize` retries a 503 after 0.5 s, and Ctrl-C closes its client with requests in
-    flight: the retry used to start a new scheduler thread, whose forwards then ran while the process
-    exited (an abort at interpreter shutdown, seen once in a full test run)."""
+    flight: the retry must not start a new scheduler thread, whose forwards would run while the
+    process exits (an abort at interpreter shutdown)."""
     from lookupspec.client import LocalClient
 
     c = LocalClient(local_client.engine)  # the module's engine, a client of its own

@@ -1,4 +1,4 @@
-"""`lookupspec bench-replay`: greedy verification replayed from recorded outputs, per budget rule."""
+"""`python -m tools bench-replay`: greedy verification replayed from recorded outputs, per budget rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from lookupspec.benchmarks.replay import _engine_parts, accepted_path, replay_prompt
+from tools.replay import _engine_parts, accepted_path, replay_prompt
 
 
 def test_accepted_path_follows_the_output_through_the_tree():
@@ -60,7 +60,7 @@ def test_replay_command_on_a_tiny_bench_run(tiny_models, tmp_path):
     )
     assert bench.returncode == 0, bench.stderr[-3000:]
     replay = subprocess.run(
-        [sys.executable, "-m", "lookupspec.cli", "bench-replay", "--from", str(out), "--model", model,
+        [sys.executable, "-m", "tools", "bench-replay", "--from", str(out), "--model", model,
          "--budgets", "adaptive,4"],
         capture_output=True, text=True, timeout=300,
     )
@@ -70,13 +70,13 @@ def test_replay_command_on_a_tiny_bench_run(tiny_models, tmp_path):
     assert kinds == {(k, b) for k in ("code_edit", "creative", "all") for b in ("adaptive", "4")}
     assert "forward cost table (ms): 1:" in replay.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "lookupspec.cli", "bench-replay", "--from", str(out), "--model", model,
+        [sys.executable, "-m", "tools", "bench-replay", "--from", str(out), "--model", model,
          "--budgets", "0"],
         capture_output=True, text=True, timeout=120,
     )
     assert bad.returncode == 2 and "budgets" in bad.stderr
     missing = subprocess.run(
-        [sys.executable, "-m", "lookupspec.cli", "bench-replay", "--from", str(tmp_path / "nope.json"),
+        [sys.executable, "-m", "tools", "bench-replay", "--from", str(tmp_path / "nope.json"),
          "--costs", "1:40,8:50"],
         capture_output=True, text=True, timeout=120,
     )

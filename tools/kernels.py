@@ -76,8 +76,8 @@ def _batch_inputs(batch: int, nodes: int, vocab: int, dtype: Any, mode: str, see
     """Random logits, random trees (chains in rejection mode) whose nodes copy their parent row's argmax
     with probability 0.7, and the sampling tensors of ``mode``."""
     import torch
-
     from lookupspec.kernels import pack_requests
+
     from lookupspec.sampling import SamplingParams
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -110,7 +110,6 @@ def _batch_inputs(batch: int, nodes: int, vocab: int, dtype: Any, mode: str, see
 
 def _kernel_table(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
-
     from lookupspec.kernels import reference, verify_triton
 
     rows: list[dict[str, Any]] = []
@@ -145,7 +144,6 @@ def _decode_step(model: Any, config: Any, prefix: Any, nodes: int, mode: str, pa
     """Median time of one batch-1 speculative step over a random tree, fused path vs twins."""
     import torch
     import transformers
-
     from lookupspec.kernels import compact_cache, pack_requests, tree_mask, verify_batch
 
     dtype = model.dtype

@@ -93,8 +93,8 @@ def _bench_context(rng: Any, size: int, n_lookups: int, budget: float, cfg: Any,
                    chain_cfg: Any) -> dict[str, Any]:
     import numpy as np
 
-    from lookupspec.benchmarks.index_baselines import hf_prompt_lookup, vllm_ngram
     from lookupspec.index import ContextStore
+    from tools.index_baselines import hf_prompt_lookup, vllm_ngram
 
     stream = _with_copies(rng, _zipf(rng, size + n_lookups), None, 0.3)
     t0 = time.perf_counter()

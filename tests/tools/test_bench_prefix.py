@@ -1,4 +1,4 @@
-"""`lookupspec bench-prefix`: the RAG prompt set, the interleaving, the summary rules, and an end-to-end
+"""`python -m tools bench-prefix`: the RAG prompt set, the interleaving, the summary rules, and an end-to-end
 run of both servers on a tiny model."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from lookupspec.benchmarks.prefix import PROMPT_SETS, interleave, summarize_set
 from lookupspec.benchmarks.prompts import BenchPrompt, load_prompts
+from tools.prefix import PROMPT_SETS, interleave, summarize_set
 
 
 def _p(name: str) -> BenchPrompt:
@@ -72,7 +72,7 @@ def test_bench_prefix_runs_both_servers_and_the_cache_serves_the_shared_prefix(t
     shared.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "prefix.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "lookupspec.cli", "bench-prefix", "--model", str(tiny_models["tiny-llama"]),
+        [sys.executable, "-m", "tools", "bench-prefix", "--model", str(tiny_models["tiny-llama"]),
          "--shared", str(shared), "--unshared", "short", "--unshared-limit", "2", "--max-tokens", "8",
          "--warm-share", "0.5", "--threads", "1", "--serve-arg=--prefill-chunk=32", "--json", str(out)],
         capture_output=True, text=True, timeout=300)

@@ -12,8 +12,8 @@ Two measurements, both backends interleaved round by round in one process, media
   is loaded once per linear backend; the attention backends share one model (the setting is read
   at every forward), and the products, which they do not touch, are skipped.
 
-Examples: lookupspec bench-linear --json out/linear.json
-          lookupspec bench-linear --compare attention --json out/attention.json
+Examples: python -m tools bench-linear --json out/linear.json
+          python -m tools bench-linear --compare attention --json out/attention.json
 """
 
 from __future__ import annotations

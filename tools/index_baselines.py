@@ -1,4 +1,4 @@
-"""The two lookup baselines ``lookupspec bench-index`` compares against, written for this project.
+"""The two lookup baselines `python -m tools bench-index` compares against, written for this project.
 
 - ``hf_prompt_lookup``: in the style of Hugging Face ``prompt_lookup_num_tokens``: for n-gram sizes
   from ``max_ngram`` down to 1, a NumPy sliding-window comparison of the context's last n tokens with

@@ -12,7 +12,7 @@ acceptance length and the copy oracle. The budget rules: ``adaptive`` (the engin
 fixed node count N (verify the best N nodes whenever the tree has any).
 
 With ``--batch-sizes`` the outputs are replayed in batches instead
-(:mod:`lookupspec.benchmarks.replay_batch`): B sequences decode in lockstep under continuous
+(:mod:`tools.replay_batch`): B sequences decode in lockstep under continuous
 batching, each step's draft nodes chosen across the batch by a policy (``--policies``: ``joint``, the
 engine's rule; ``fixed:N``; ``off-above:N``, plain decoding above N live sequences), each step's time
 estimated by a step-cost model fitted to steps measured on ``--model`` at ``--cost-contexts``, or
@@ -20,8 +20,8 @@ read from ``--costs-from`` (a ``bench-batch --json`` file), or given (``--step-c
 per batch size and policy the estimated aggregate tokens/s, the speedup over plain decoding at the
 same batch size, the acceptance length and the nodes verified per sequence per step.
 
-Example: lookupspec bench-replay --from out/bench.json --budgets adaptive,12,24
-Example: lookupspec bench-replay --from out/bench.json --batch-sizes 1,4,8,16,32 --json out/replay.json
+Example: python -m tools bench-replay --from out/bench.json --budgets adaptive,12,24
+Example: python -m tools bench-replay --from out/bench.json --batch-sizes 1,4,8,16,32 --json out/replay.json
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             "stopping = each sequence's best chain cut where the output leaves it, the "
                             f"bound on knowing only how far to draft (None: {DEFAULT_POLICIES})")
     batch.add_argument("--costs-from", type=Path, default=None,
-                       help="step costs from the \"cost\" rows of a `lookupspec bench-batch --json` file "
+                       help="step costs from the \"cost\" rows of a `bench-batch --json` file "
                             "(one context: costs taken as independent of context) or of a batched "
                             "`bench-replay --json` file (None: measured on --model)")
     batch.add_argument("--step-cost", default=None,
@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: no hf-greedy rows with prompts to replay", file=sys.stderr)
         return 2
     if batched:
-        from lookupspec.benchmarks.replay_report import run_batches
+        from tools.replay_report import run_batches
 
         return run_batches(args, items, policies, batch_costs, loaded)
     if costs is None:
@@ -264,14 +264,14 @@ def _check_mode(args: argparse.Namespace, batched: bool) -> None:
 
 
 def _policies(text: str | None) -> list[Any]:
-    from lookupspec.benchmarks.replay_batch import BatchPolicy
+    from tools.replay_batch import BatchPolicy
 
     return [BatchPolicy.parse(p) for p in (text or DEFAULT_POLICIES).split(",") if p.strip()]
 
 
 def _batch_costs(args: argparse.Namespace) -> Any:
     """The batched replay's (cost fit, samples) from --step-cost or --costs-from; None: measure them."""
-    from lookupspec.benchmarks.replay_costs import fit_coefficients, parse_coefficients, samples_from_json
+    from tools.replay_costs import fit_coefficients, parse_coefficients, samples_from_json
 
     if args.step_cost:
         return parse_coefficients(args.step_cost), []

@@ -1,6 +1,6 @@
 """The batched ``bench-replay``: its cost source, the grid of batch sizes x policies, the table and the
-JSON. The replay itself is :mod:`lookupspec.benchmarks.replay_batch`; the cost fit
-:mod:`lookupspec.benchmarks.replay_costs`.
+JSON. The replay itself is :mod:`tools.replay_batch`; the cost fit
+:mod:`tools.replay_costs`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 import time
 from typing import Any
 
-from lookupspec.benchmarks.replay_batch import BatchPolicy, BatchReplay, ReplayItem, replay_batch
-from lookupspec.benchmarks.replay_costs import COEFFICIENTS, CostFit, CostSample, cost_model, fit_coefficients
+from tools.replay_batch import BatchPolicy, BatchReplay, ReplayItem, replay_batch
+from tools.replay_costs import COEFFICIENTS, CostFit, CostSample, cost_model, fit_coefficients
 
 __all__ = ["batch_rows", "run_batches"]
 
@@ -27,9 +27,9 @@ def _log(msg: str) -> None:
 
 def _measure(loaded: Any, args: argparse.Namespace,
              items: list[ReplayItem]) -> tuple[CostFit, list[CostSample]]:
-    from lookupspec.benchmarks.replay_costs import measure_samples
     from lookupspec.engine import Engine
     from lookupspec.runtime import prepare_models
+    from tools.replay_costs import measure_samples
 
     prepare_models(loaded.model, packed_linear=args.packed_linear)
     batches = sorted({1, *args.batch_sizes})

@@ -122,7 +122,7 @@ def samples_from_json(result: Mapping[str, Any]) -> list[CostSample]:
     --json`` or batched ``bench-replay --json`` result."""
     rows = result.get("cost")
     if not rows:
-        raise ValueError("no \"cost\" rows (run `lookupspec bench-batch --sections cost --json FILE`)")
+        raise ValueError("no \"cost\" rows (run `python -m tools bench-batch --sections cost --json FILE`)")
     return [CostSample(int(r["batch"]), int(r["rows"]), r.get("context"), float(r["ms"]) / 1000.0)
             for r in rows]
 
@@ -131,7 +131,7 @@ def measure_samples(engine: Any, tokens: Sequence[int], batch_sizes: Sequence[in
                     contexts: Sequence[int], rounds: int) -> list[CostSample]:
     """Step times on ``engine``'s model: every (batch, rows) at each context, over caches holding the
     first ``context`` of ``tokens`` (repeated as needed), with ``bench-batch``'s cost measurement."""
-    from lookupspec.benchmarks.batch import _cost
+    from tools.batch import _cost
 
     samples = []
     for context in contexts:

@@ -1,8 +1,8 @@
 """Batched replay: recorded greedy outputs decoded again in lockstep, B at a time, with each step's
 draft nodes chosen across the batch, and each step's time estimated by a step-cost model.
 
-``lookupspec bench-replay --batch-sizes ...`` runs this. As in the one-sequence replay
-(:mod:`lookupspec.benchmarks.replay`), nothing runs the model: greedy verification accepts the
+``python -m tools bench-replay --batch-sizes ...`` runs this. As in the one-sequence replay
+(:mod:`tools.replay`), nothing runs the model: greedy verification accepts the
 longest root path of a draft tree that spells the recorded output, so a step's outcome follows from
 the tree alone. Here ``B`` prompts decode together under *continuous batching*: when a sequence
 emits its last recorded token its slot goes to the next prompt of the file (whose prefill is not
@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lookupspec.benchmarks.replay import accepted_path
+from tools.replay import accepted_path
 
 if TYPE_CHECKING:
     from lookupspec.drafting.policy import Draft

@@ -1,4 +1,4 @@
-"""`lookupspec bench-replay --batch-sizes`: recorded greedy outputs replayed B at a time, the draft
+"""`python -m tools bench-replay --batch-sizes`: recorded greedy outputs replayed B at a time, the draft
 nodes chosen per policy, step times from a step-cost model with coefficients given directly."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 from lookupspec.adaptive import Exploration
 from lookupspec.benchmarks.oracle import copy_oracle
-from lookupspec.benchmarks.replay import _engine_parts, replay_prompt
-from lookupspec.benchmarks.replay_batch import BatchPolicy, ReplayItem, replay_batch
-from lookupspec.benchmarks.replay_costs import (
+from tools.replay import _engine_parts, replay_prompt
+from tools.replay_batch import BatchPolicy, ReplayItem, replay_batch
+from tools.replay_costs import (
     CostSample,
     cost_model,
     fit_coefficients,
@@ -24,7 +24,7 @@ from lookupspec.benchmarks.replay_costs import (
     samples_from_json,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # t0 20 ms, a row 0.5 ms: drafting pays at small batches (a SmolLM2-on-CPU-like shape)
 COSTS = "t0=20,t_seq=0.3,t_row=0.5,t_kv=0.2,t_att=0.05"
 
@@ -97,7 +97,8 @@ def test_batch_of_one_joint_equals_the_single_sequence_adaptive_replay_when_cost
 
 def test_batch_of_one_joint_equals_the_single_replay_also_when_trees_are_refused():
     # With rows expensive enough for refusals: a tree the policy refuses whole is not fed back (it was
-    # never verified), as in the one-sequence replay. The engine used to feed it back as all rejected.
+    # never verified), as in the one-sequence replay: feeding it back as all rejected would teach the
+    # drafters a verdict the target never gave.
     model = _model("t0=20,t_row=6")
     items = _mixed()
     assert _batched(items, model) == _single(items, model)
@@ -318,7 +319,7 @@ def bench_file(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lookupspec.cli", "bench-replay", *args],
+    return subprocess.run([sys.executable, "-m", "tools", "bench-replay", *args],
                           capture_output=True, text=True, timeout=300)
 
 
@@ -363,9 +364,9 @@ def test_batched_replay_command_refuses_options_of_the_other_mode(bench_file):
 def test_step_costs_are_measured_on_the_model_with_bench_batchs_measurement(tiny_models) -> None:
     """bench-replay's measured costs (--cost from the model): every (batch, rows) at every context,
     through bench-batch's cost section."""
-    from lookupspec.benchmarks.replay_costs import measure_samples
     from lookupspec.engine import Engine
     from lookupspec.models import load_model
+    from tools.replay_costs import measure_samples
 
     engine = Engine(load_model(str(tiny_models["tiny-llama"])).model, max_slots=4)
     samples = measure_samples(engine, list(range(3, 40)), [1, 2], [1, 3], [16, 48], rounds=1)

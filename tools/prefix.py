@@ -22,7 +22,7 @@ Rules (the JSON's `rules` repeats them):
   TTFT ratio compares the warm requests' median TTFT with the same prompts' median on the other server.
 - Exactness: every response's text with the cache on equals the same prompt's text with it off.
 
-Example: lookupspec bench-prefix --json out/prefix.json
+Example: python -m tools bench-prefix --json out/prefix.json
 """
 
 from __future__ import annotations

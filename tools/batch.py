@@ -12,7 +12,7 @@ Four sections (``--sections``, all by default), on the default model and prompt 
   alone on the same prompts.
 - ``noise``: how far a position's logits move between the runtime's forward paths (a one-row step,
   a row of a draft chain or tree, among other sequences, the last row of a prefill) on the first
-  ``--noise-prompts`` prompts (:mod:`lookupspec.benchmarks.path_noise`): 0 where every path gives
+  ``--noise-prompts`` prompts (:mod:`tools.path_noise`): 0 where every path gives
   the same bits (the CPU's float32 runtime).
 - ``exactness``: every prompt generated greedy and with seeded sampling (temperature 0.8) in batches
   of 1, 4 and 8 with speculation on (and plain in batches of 8); each output compared with its
@@ -23,7 +23,7 @@ Four sections (``--sections``, all by default), on the default model and prompt 
   found more, twice the largest difference it measured (each candidate's logit may move that much
   between paths); for sampling it is divided by the temperature, as the scores are.
 
-Example: lookupspec bench-batch --limit 16 --json out/batch.json
+Example: python -m tools bench-batch --limit 16 --json out/batch.json
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lookupspec.benchmarks.path_noise import dtype_step
 from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS
 from lookupspec.commands.common import add_model_arguments, positive_int
+from tools.path_noise import dtype_step
 
 __all__ = ["configure", "run", "run_waves"]
 
@@ -302,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         _print_rows("Aggregate decode throughput", result["throughput"])
     epsilon = args.epsilon
     if "noise" in sections:
-        from lookupspec.benchmarks.path_noise import noise_epsilon, path_noise
+        from tools.path_noise import noise_epsilon, path_noise
 
         result["noise"] = path_noise(engine.runner, encoded[: args.noise_prompts], args.noise_rows)
         _print_rows(f"Logits across forward paths against one row at a time ({engine.runner.dtype})",

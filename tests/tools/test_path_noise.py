@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from lookupspec.benchmarks.path_noise import PATHS, dtype_step, dtype_steps, noise_epsilon, path_noise
+from tools.path_noise import PATHS, dtype_step, dtype_steps, noise_epsilon, path_noise
 
 
 def _prompts(n: int = 3, length: int = 40) -> list[list[int]]:
