@@ -57,7 +57,7 @@ class Store:
                 raise RuntimeError("store already started")
             count = self.log.replay(self.state.apply)
             if isinstance(self.log, RedisLog):
-                self.log.set_snapshot_source(self.state.live_records)
+                self.log.set_snapshot_source(self.state.live_records, self.state.live_count)
             self.log.start_following(self.state.apply)
             self._started = True
         self._maybe_compact()

@@ -199,6 +199,7 @@ class RedisLog:
         self._cursor = dict.fromkeys(self._keys, b"0-0")  # last entry id read per stream
         self._applied_cursor = b"0-0"  # documents: every entry up to it is applied (compaction's cut)
         self._snapshot_source: Callable[..., list[Record]] | None = None
+        self._live_count: Callable[..., int] = lambda **_: 0
         self._compact_script = self._writer.register_script(_COMPACT_LUA)
         self._last_compact_check = 0.0
         self.compactions = 0  # snapshots this replica wrote
@@ -389,9 +390,12 @@ class RedisLog:
 
     # ---- compaction (module docstring) --------------------------------------------------------
 
-    def set_snapshot_source(self, live_records: Callable[..., list[Record]]) -> None:
-        """``StoreState.live_records``: what a compaction snapshots (``outputs=False``)."""
+    def set_snapshot_source(self, live_records: Callable[..., list[Record]],
+                            live_count: Callable[..., int]) -> None:
+        """``StoreState.live_records`` and ``live_count``: what a compaction snapshots, and how many
+        records that is (both called with ``outputs=False``)."""
         self._snapshot_source = live_records
+        self._live_count = live_count
 
     def _check_snapshot(self, apply: ApplyFn, read_from: bytes) -> int:
         """After a read from ``read_from``: when a snapshot's cut is newer, the stream may have been
@@ -444,9 +448,9 @@ class RedisLog:
         length: Any = self._reader.xlen(cfg.documents_key)
         if length < cfg.compact_min_records or cut == b"0-0":
             return
-        records = self._snapshot_source(outputs=False)
-        if length <= cfg.compact_ratio * len(records):
+        if length <= cfg.compact_ratio * self._live_count(outputs=False):
             return
+        records = self._snapshot_source(outputs=False)
         data = b"".join(encode_frame(encode_record(r)) for r in records)
         chunks = [data[i:i + _SNAPSHOT_CHUNK] for i in range(0, len(data), _SNAPSHOT_CHUNK)] or [b""]
         started = time.perf_counter()

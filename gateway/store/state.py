@@ -325,10 +325,12 @@ class StoreState:
 
     # ---- compaction --------------------------------------------------------------------------
 
-    def live_count(self) -> int:
-        """How many records ``live_records()`` would list (cheap)."""
+    def live_count(self, *, outputs: bool = True) -> int:
+        """How many records ``live_records(outputs=...)`` would list (cheap: no list is built)."""
         with self._lock:
-            return len(self._applied)
+            if outputs:
+                return len(self._applied)
+            return len(self._applied) - sum(len(ns.outputs) for ns in self._namespaces.values())
 
     def live_records(self, *, outputs: bool = True) -> list[Record]:
         """The records the state holds (see Compaction in the module docstring), documents' first;

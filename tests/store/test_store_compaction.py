@@ -99,8 +99,8 @@ CHILD = textwrap.dedent("""
     else:
         real_source = rb.RedisLog.set_snapshot_source
 
-        def set_source(self, live_records):
-            real_source(self, live_records)
+        def set_source(self, live_records, live_count):
+            real_source(self, live_records, live_count)
             real_script = self._compact_script
 
             def script(keys, args):

@@ -169,6 +169,7 @@ def test_the_live_records_alone_rebuild_the_state_and_absorb_every_later_record(
         head.apply(record)
     snapshot = head.live_records()
     assert len(snapshot) == head.live_count()
+    assert len(head.live_records(outputs=False)) == head.live_count(outputs=False)
     compacted = StoreState(max_outputs_per_namespace=output_limit)
     for record in reversed(snapshot):
         compacted.apply(record)
