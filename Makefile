@@ -62,12 +62,16 @@ $(VENV)/.torch: | $(BIN)/python
 	touch $@
 
 # Stamps re-run the install whenever pyproject.toml changes.
+# setuptools warns that an editable install is one ("BuildBackendWarning: Editable installation"):
+# true and expected here, so it is not shown.
+PIP_EDITABLE = PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e
+
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(BIN)/pip install --quiet -e .
+	$(PIP_EDITABLE) .
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.torch
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(PIP_EDITABLE) ".[test]"
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
@@ -81,8 +85,14 @@ PULL = $(BIN)/python -c 'from lookupspec.warmup import warm_numba; warm_numba()'
 pull: $(VENV)/.installed
 	$(PULL)
 
-serve: pull
-	$(BIN)/lookupspec serve --host 127.0.0.1 --port 8000
+# `make serve MODEL=/path/to/model PORT=8080`: a Hugging Face directory or a GGUF file instead of the
+# default demo model (pulled only when it is the one served). Ctrl-C drains and stops it.
+MODEL ?= smollm2-135m-instruct
+PORT  ?= 8000
+serve: $(VENV)/.installed
+	@if [ "$(MODEL)" = "smollm2-135m-instruct" ]; then $(PULL); fi
+	@echo "starting lookupspec serve --model $(MODEL) on http://127.0.0.1:$(PORT) (Ctrl-C stops it)"
+	$(BIN)/lookupspec serve --host 127.0.0.1 --port $(PORT) --model "$(MODEL)"
 
 # The whole suite, real-model tests included (they are marked `real_model` and run here too).
 test: install-test

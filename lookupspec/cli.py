@@ -31,6 +31,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" to a flag's help unless the help already states its default, or there is
+    none to state (unset, or a switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, True, argparse.SUPPRESS) \
+                or (action.option_strings == [] and action.nargs is None):
+            return text
+        return super()._get_help_string(action) or text
+
+
 def _load(module: str):
     return importlib.import_module(module)
 
@@ -46,7 +58,7 @@ def build_parser(command: str | None = None, commands: dict[str, tuple[str, str]
             mod = _load(module)
             doc = (mod.__doc__ or help_text).strip().split("\n\n")[0]
             p = sub.add_parser(name, help=help_text, description=doc,
-                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                               formatter_class=HelpFormatter)
             mod.configure(p)
         else:
             sub.add_parser(name, help=help_text, add_help=False)

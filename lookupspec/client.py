@@ -145,17 +145,16 @@ class LocalClient(Client):
 
     def __init__(self, engine: Any, *, model: str | None = None, output_cap_tokens: int = 1_000_000,
                  max_batch: int = 16) -> None:
-        from lookupspec.service import ServiceConfig, build_service
-        from lookupspec.store import memory_store
+        from lookupspec.service import ServiceConfig
 
         self.engine = engine  # lookupspec.text.TextEngine
         self._model = model or "local"
         # Callers of one process wait for their turn rather than being refused (no queue bound), and a
         # request has no deadline of its own beyond what the caller imposes.
-        config = ServiceConfig(model_name=self._model, max_batch=max_batch,
-                               output_cap_tokens=output_cap_tokens, max_queue=_UNBOUNDED,
-                               request_timeout_s=_NO_DEADLINE_S)
-        self.service = build_service(engine, memory_store(), config)
+        self._config = ServiceConfig(model_name=self._model, max_batch=max_batch,
+                                     output_cap_tokens=output_cap_tokens, max_queue=_UNBOUNDED,
+                                     request_timeout_s=_NO_DEADLINE_S)
+        self._service: Any = None
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
@@ -163,6 +162,18 @@ class LocalClient(Client):
     @property
     def model(self) -> str:
         return self._model
+
+    @property
+    def service(self) -> Any:
+        """The ``lookupspec.service.Service`` this client runs (built on first use, with an in-memory
+        store)."""
+        with self._lock:
+            if self._service is None:
+                from lookupspec.service import build_service
+                from lookupspec.store import memory_store
+
+                self._service = build_service(self.engine, memory_store(), self._config)
+            return self._service
 
     @classmethod
     def load(cls, model: str, **kwargs: Any) -> LocalClient:
@@ -188,13 +199,14 @@ class LocalClient(Client):
         summarize` closes its client on Ctrl-C while worker threads have requests in flight, and a
         scheduler thread started then would run forwards while the interpreter shuts down (torch
         aborts the process)."""
+        service = self.service
         with self._lock:
             if self._closed:
                 raise ClientError("this client is closed", status=503, code="shutting_down")
             if not self._started:
-                self.service.start()
+                service.start()
                 self._started = True
-            return self.service
+            return service
 
     def stream(self, request: GenerationRequest) -> Generator[Delta, None, None]:
         from lookupspec.service import ChoiceFinished, JobDone, JobFailed, JobRequest, TextDelta, plan
@@ -229,7 +241,9 @@ class LocalClient(Client):
             if self._closed:
                 return
             self._closed = True
-        self.service.close()
+            service = self._service
+        if service is not None:
+            service.close()
 
     async def astream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Runs :meth:`stream` on a worker thread; leaving the loop early stops the generation."""

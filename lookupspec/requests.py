@@ -50,12 +50,13 @@ class Lookup:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One generation: a plain ``prompt`` (completions) or chat ``messages``. Greedy by default."""
+    """One generation: a plain ``prompt`` (completions) or chat ``messages``. ``temperature`` unset
+    samples at 1.0, as the HTTP API does; 0 is greedy."""
 
     prompt: str | None = None
     messages: Sequence[Mapping[str, str]] | None = None
     max_tokens: int = 256
-    temperature: float = 0.0
+    temperature: float | None = None  # None: 1.0, as in the HTTP API
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
@@ -69,9 +70,11 @@ class GenerationRequest:
     def payload(self, model: str, *, stream: bool) -> dict[str, Any]:
         """The OpenAI-style request body."""
         body: dict[str, Any] = {
-            "model": model, "max_tokens": self.max_tokens, "temperature": self.temperature,
+            "model": model, "max_tokens": self.max_tokens,
             "top_p": self.top_p, "top_k": self.top_k, "stream": stream, "lookup": self.lookup.to_json(),
         }
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
         if self.seed is not None:
             body["seed"] = self.seed
         if self.stop:

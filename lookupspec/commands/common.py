@@ -29,15 +29,15 @@ class _Environ(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _environ_choice(parser: argparse.ArgumentParser, flag: str, choices: tuple[str, ...], env: str,
-                    text: str) -> None:
+def _environ_choice(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str,
+                    choices: tuple[str, ...], env: str, text: str) -> None:
     """A ``choices`` option kept in the environment variable ``env`` (default: its value, else
     "auto")."""
     parser.add_argument(flag, choices=choices, action=_Environ, env=env, default=os.environ.get(env, "auto"),
                         help=f"{text} (default auto) [env {env}]")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     parser.add_argument("--model", default=os.environ.get("LOOKUPSPEC_MODEL", DEFAULT_MODEL),
                         help="named model, Hugging Face directory or .gguf file [env LOOKUPSPEC_MODEL]")
     parser.add_argument("--dtype", default=os.environ.get("LOOKUPSPEC_DTYPE", "float32"), choices=DTYPES,

@@ -73,37 +73,19 @@ def _stretched(te: Any, stretch: float) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
+    groups = {name: parser.add_argument_group(title) for name, title in (
+        ("model", "model"), ("batching", "batching and memory"), ("speculation", "speculation"),
+        ("storage", "storage (documents and outputs)"), ("http", "HTTP and operations"))}
+    add_model_arguments(groups["model"])
     home = Path(os.environ.get("LOOKUPSPEC_HOME", Path.home() / ".cache" / "lookupspec")).expanduser()
-    a = parser.add_argument
+    a = groups["model"].add_argument
     a("--draft-model", default=_env("DRAFT_MODEL", None),
       help="draft model (same tokenizer) or self:layers=K / self:int8 [env LOOKUPSPEC_DRAFT_MODEL]")
     a("--served-model-name", default=_env("SERVED_MODEL_NAME", None),
       help="the id clients send as `model`; unset: the model's name [env LOOKUPSPEC_SERVED_MODEL_NAME]")
-    a("--host", default=_env("HOST", "127.0.0.1"), help="interface to bind [env LOOKUPSPEC_HOST]")
-    a("--port", type=int, default=_env("PORT", 8000, int), help="TCP port [env LOOKUPSPEC_PORT]")
-    a("--data-dir", type=Path, default=_env("DATA_DIR", home / "data", Path),
-      help="embedded store directory (unused with --redis-url) [env LOOKUPSPEC_DATA_DIR]")
-    a("--redis-url", default=_env("REDIS_URL", None),
-      help="share the store through Redis (redis://host:port/db) [env LOOKUPSPEC_REDIS_URL]")
-    a("--redis-prefix", default=_env("REDIS_PREFIX", "lookupspec:"),
-      help="key prefix of the Redis streams [env LOOKUPSPEC_REDIS_PREFIX]")
-    a("--redis-stream-maxlen", type=positive_int, default=_env("REDIS_STREAM_MAXLEN", 100_000, int),
-      help="cap of the Redis output stream [env LOOKUPSPEC_REDIS_STREAM_MAXLEN]")
-    a("--redis-buffer-limit", type=non_negative_int, default=_env("REDIS_BUFFER_LIMIT", 10_000, int),
-      help="document writes held in memory while Redis is unreachable [env LOOKUPSPEC_REDIS_BUFFER_LIMIT]")
-    a("--redis-output-buffer-limit", type=non_negative_int,
-      default=_env("REDIS_OUTPUT_BUFFER_LIMIT", 1_000, int),
-      help="outputs held in memory while Redis is unreachable, apart from documents (more are dropped: "
-           "the output cache is a cache) [env LOOKUPSPEC_REDIS_OUTPUT_BUFFER_LIMIT]")
-    keys = _env("API_KEYS", [], lambda s: [k.strip() for k in s.split(",") if k.strip()])
-    a("--api-key", action="append", dest="api_keys", default=None, metavar="KEY:NAMESPACE",
-      help="accept this key for this namespace (repeatable; none: no auth, one namespace) "
-           "[env LOOKUPSPEC_API_KEYS, comma-separated]")
-    parser.set_defaults(env_api_keys=keys)
-    a("--admin-key", default=_env("ADMIN_KEY", None),
-      help="the key that may see /health's detail and digest (unset: any valid API key; without API "
-           "keys, set it to protect just that detail) [env LOOKUPSPEC_ADMIN_KEY]")
+    a("--max-model-len", type=positive_int, default=_env("MAX_MODEL_LEN", None, int),
+      help="cap the context window below the model's [env LOOKUPSPEC_MAX_MODEL_LEN]")
+    a = groups["batching"].add_argument
     a("--max-queue", type=non_negative_int, default=_env("MAX_QUEUE", 64, int),
       help="requests that may wait for a slot while --max-batch sequences run; more get 429 "
            "[env LOOKUPSPEC_MAX_QUEUE]")
@@ -124,13 +106,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
            "the streams' inter-token gaps even and slows prefill, higher the opposite; 0 always prefills "
            "whole chunks. Needs a chunk-invariant forward (the native CPU attention); elsewhere chunks stay "
            "whole [env LOOKUPSPEC_PREFILL_STRETCH]")
-    # the environment's value stays a string: argparse checks (and creates) it only when the flag is absent
-    a("--trace-iterations", type=_writable_file, default=_env("TRACE_ITERATIONS", None),
-      metavar="FILE",
-      help="append one JSON line per scheduler iteration to FILE: the forward's time and the decode "
-           "step's share, sequences, rows and draft nodes, the prompt tokens it prefilled and the chunk "
-           "budget, requests waiting; for finding what a long inter-token gap or a slow first token "
-           "waited on (a few microseconds an iteration) [env LOOKUPSPEC_TRACE_ITERATIONS]")
     a("--prefix-cache-mb", type=non_negative_int, default=_env("PREFIX_CACHE_MB", 512, int),
       help="memory for the prefix cache: the KV of recent prompts' whole blocks, reused by prompts "
            "of the same namespace that start alike (a shared system prompt, the same retrieved passages); "
@@ -150,14 +125,46 @@ def configure(parser: argparse.ArgumentParser) -> None:
            "layers take only their window and one forward's rows, leaving the rest to full-attention "
            "layers (unset: grow as needed, which stalls every stream for a moment each time the cache "
            "doubles) [env LOOKUPSPEC_KV_CACHE_MB]")
+    a = groups["speculation"].add_argument
+    a("--output-cap-tokens", type=positive_int, default=_env("OUTPUT_CAP_TOKENS", 1_000_000, int),
+      help="tokens kept in each namespace's output lookup index [env LOOKUPSPEC_OUTPUT_CAP_TOKENS]")
+    a = groups["storage"].add_argument
+    a("--data-dir", type=Path, default=_env("DATA_DIR", home / "data", Path),
+      help="embedded store directory (unused with --redis-url) [env LOOKUPSPEC_DATA_DIR]")
+    a("--redis-url", default=_env("REDIS_URL", None),
+      help="share the store through Redis (redis://host:port/db) [env LOOKUPSPEC_REDIS_URL]")
+    a("--redis-prefix", default=_env("REDIS_PREFIX", "lookupspec:"),
+      help="key prefix of the Redis streams [env LOOKUPSPEC_REDIS_PREFIX]")
+    a("--redis-stream-maxlen", type=positive_int, default=_env("REDIS_STREAM_MAXLEN", 100_000, int),
+      help="cap of the Redis output stream [env LOOKUPSPEC_REDIS_STREAM_MAXLEN]")
+    a("--redis-buffer-limit", type=non_negative_int, default=_env("REDIS_BUFFER_LIMIT", 10_000, int),
+      help="document writes held in memory while Redis is unreachable [env LOOKUPSPEC_REDIS_BUFFER_LIMIT]")
+    a("--redis-output-buffer-limit", type=non_negative_int,
+      default=_env("REDIS_OUTPUT_BUFFER_LIMIT", 1_000, int),
+      help="outputs held in memory while Redis is unreachable, apart from documents (more are dropped: "
+           "the output cache is a cache) [env LOOKUPSPEC_REDIS_OUTPUT_BUFFER_LIMIT]")
+    a = groups["http"].add_argument
+    a("--host", default=_env("HOST", "127.0.0.1"), help="interface to bind [env LOOKUPSPEC_HOST]")
+    a("--port", type=int, default=_env("PORT", 8000, int), help="TCP port [env LOOKUPSPEC_PORT]")
+    keys = _env("API_KEYS", [], lambda s: [k.strip() for k in s.split(",") if k.strip()])
+    a("--api-key", action="append", dest="api_keys", default=None, metavar="KEY:NAMESPACE",
+      help="accept this key for this namespace (repeatable; none: no auth, one namespace) "
+           "[env LOOKUPSPEC_API_KEYS, comma-separated]")
+    parser.set_defaults(env_api_keys=keys)
+    a("--admin-key", default=_env("ADMIN_KEY", None),
+      help="the key that may see /health's detail and digest (unset: any valid API key; without API "
+           "keys, set it to protect just that detail) [env LOOKUPSPEC_ADMIN_KEY]")
+    # the environment's value stays a string: argparse checks (and creates) it only when the flag is absent
+    a("--trace-iterations", type=_writable_file, default=_env("TRACE_ITERATIONS", None),
+      metavar="FILE",
+      help="append one JSON line per scheduler iteration to FILE: the forward's time and the decode "
+           "step's share, sequences, rows and draft nodes, the prompt tokens it prefilled and the chunk "
+           "budget, requests waiting; for finding what a long inter-token gap or a slow first token "
+           "waited on (a few microseconds an iteration) [env LOOKUPSPEC_TRACE_ITERATIONS]")
     a("--request-timeout", type=positive_float, default=_env("REQUEST_TIMEOUT", 600.0, float),
       help="deadline of one generation request in seconds [env LOOKUPSPEC_REQUEST_TIMEOUT]")
     a("--drain-timeout", type=float, default=_env("DRAIN_TIMEOUT", 30.0, float),
       help="on SIGTERM, seconds in-flight requests may take [env LOOKUPSPEC_DRAIN_TIMEOUT]")
-    a("--max-model-len", type=positive_int, default=_env("MAX_MODEL_LEN", None, int),
-      help="cap the context window below the model's [env LOOKUPSPEC_MAX_MODEL_LEN]")
-    a("--output-cap-tokens", type=positive_int, default=_env("OUTPUT_CAP_TOKENS", 1_000_000, int),
-      help="tokens kept in each namespace's output lookup index [env LOOKUPSPEC_OUTPUT_CAP_TOKENS]")
     a("--max-body-bytes", type=positive_int, default=_env("MAX_BODY_BYTES", 16 * 1024 * 1024, int),
       help="largest request body (413 above) [env LOOKUPSPEC_MAX_BODY_BYTES]")
     a("--max-header-bytes", type=positive_int, default=_env("MAX_HEADER_BYTES", 32 * 1024, int),
@@ -171,7 +178,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="bytes of one document's text (413 above) [env LOOKUPSPEC_MAX_DOCUMENT_BYTES]")
     a("--log-level", default=_env("LOG_LEVEL", "info"),
       choices=("critical", "error", "warning", "info", "debug"), help="[env LOOKUPSPEC_LOG_LEVEL]")
-
 
 _GRACE_S = 5  # after a drain, how long the last answers (and uvicorn's connections) may take
 
@@ -285,8 +291,10 @@ def _serve(args: argparse.Namespace, sock: socket.socket, keys: dict[str, str], 
     server = _gateway_server(config, lifecycle, drain_timeout,
                              load=lambda: _load(args, keys, limits, store, lifecycle))
     # uvicorn re-raises the signal it stopped on once it has shut down, with the handler that was in
-    # place before it started: a no-op here, so a drained SIGTERM ends with exit status 0.
+    # place before it started: a no-op here, so a drained SIGTERM or Ctrl-C ends with exit status 0
+    # (and `make serve` does not report "Error 130").
     signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
     server.run(sockets=[sock])
     return lifecycle.exit_code
 
@@ -303,6 +311,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
     from lookupspec.warmup import warm_text
 
     started = time.perf_counter()
+    _say(f"loading {args.model} (a first load converts the model and compiles kernels: a minute or more) ...")
     try:
         # warmup: seeds the cost model that decides how much to draft (a few dummy forwards)
         kv_bytes = None if args.kv_cache_mb is None else args.kv_cache_mb * 2**20
@@ -354,7 +363,8 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
     if not lifecycle.set_ready(service):  # stopped while loading
         service.close(timeout=1.0)
         return False
-    _say(f"ready: serving {config.model_name} ({time.perf_counter() - started:.1f} s to load)")
+    _say(f"ready: serving {config.model_name} ({time.perf_counter() - started:.1f} s to load); "
+         "Ctrl-C or SIGTERM stops it")
     return True
 
 

@@ -155,7 +155,7 @@ def _ask(client: GatewayClient, args: argparse.Namespace,
         hits = [passages[i] for i in bm25.top(tokenize(args.question), args.top_k)]
         print("retrieved: " + (", ".join(p.id for p in hits) or "nothing (answering without passages)"))
         request = GenerationRequest(messages=build_messages(args.question, hits), max_tokens=args.max_tokens,
-                                    lookup=Lookup(collections=(args.collection,)))
+                                    temperature=0, lookup=Lookup(collections=(args.collection,)))
         print("answer:")
         spec: dict[str, Any] = {}
         usage: dict[str, int] = {}

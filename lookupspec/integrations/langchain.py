@@ -72,7 +72,7 @@ class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_tokens: int = Field(default=256, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0)
+    temperature: float | None = Field(default=None, ge=0.0)  # None: 1.0, as in the HTTP API; 0: greedy
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
     seed: int | None = None

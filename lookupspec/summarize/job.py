@@ -91,8 +91,9 @@ def plan(items: Iterable[Document | BadInput], done: set[str], config: JobConfig
 def _request(doc: Document, config: JobConfig, *, speculation: bool = True) -> GenerationRequest:
     lookup = Lookup(collections=(config.collection,) if config.collection else ()) if speculation \
         else Lookup(enabled=False)
+    # Greedy: a summary is reproducible, so a resumed job and a re-run give the same file.
     return GenerationRequest(messages=config.template.messages(doc.text), max_tokens=config.max_tokens,
-                             lookup=lookup)
+                             temperature=0.0, lookup=lookup)
 
 
 def _complete(client: Client, request: GenerationRequest, config: JobConfig) -> Result:

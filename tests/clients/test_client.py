@@ -26,8 +26,9 @@ def client(request, local_client, remote):
 
 @pytest.mark.parametrize("kind", ["prompt", "messages"])
 def test_local_and_gateway_give_the_same_text_usage_and_finish(local_client, remote, kind) -> None:
-    req = (GenerationRequest(prompt="The history of the lighthouse", max_tokens=24) if kind == "prompt"
-           else GenerationRequest(messages=CHAT, max_tokens=24))
+    req = (GenerationRequest(temperature=0, prompt="The history of the lighthouse", max_tokens=24)
+           if kind == "prompt"
+           else GenerationRequest(temperature=0, messages=CHAT, max_tokens=24))
     here, there = local_client.complete(req), remote.complete(req)
     assert here.text == there.text and here.text
     assert here.usage == there.usage
@@ -37,7 +38,7 @@ def test_local_and_gateway_give_the_same_text_usage_and_finish(local_client, rem
 
 
 def test_stream_and_astream_concatenate_to_complete(client) -> None:
-    req = GenerationRequest(prompt="A list of fruits:", max_tokens=20)
+    req = GenerationRequest(temperature=0, prompt="A list of fruits:", max_tokens=20)
     whole = client.complete(req)
     deltas = list(client.stream(req))
     assert "".join(d.text for d in deltas) == whole.text
@@ -53,10 +54,10 @@ def test_stream_and_astream_concatenate_to_complete(client) -> None:
 
 
 def test_stop_strings_cut_the_text(client) -> None:
-    full = client.complete(GenerationRequest(prompt="Counting:", max_tokens=24)).text
+    full = client.complete(GenerationRequest(temperature=0, prompt="Counting:", max_tokens=24)).text
     stop = full[len(full) // 2: len(full) // 2 + 2]
     assert stop.strip(), "the tiny model's text should have non-space characters mid-way"
-    cut = client.complete(GenerationRequest(prompt="Counting:", max_tokens=24, stop=(stop,)))
+    cut = client.complete(GenerationRequest(temperature=0, prompt="Counting:", max_tokens=24, stop=(stop,)))
     assert cut.finish_reason == "stop" and cut.text == full[:full.index(stop)]
 
 
@@ -65,17 +66,18 @@ def test_collections_and_inline_documents_are_drafted_from(client) -> None:
     # are mostly rejected: this checks that the corpus drafter sees the documents (drafts proposed),
     # and that the text stays exact; acceptance is covered by the engine and real-model suites.
     prompt = f"Notes on {type(client).__name__}: the archive says"
-    first = client.complete(GenerationRequest(prompt=prompt, max_tokens=32, lookup=Lookup(enabled=False)))
+    first = client.complete(GenerationRequest(temperature=0, prompt=prompt, max_tokens=32,
+                                              lookup=Lookup(enabled=False)))
     assert first.speculation["draft_tokens"] == 0  # plain decoding
     copy = prompt + first.text
     collection = f"notes-{type(client).__name__.lower()}"
     assert client.add_documents(collection, [{"id": "n1", "text": copy}]) == 1
     for lookup in (Lookup(collections=(collection,), sources=("corpus",)),
                    Lookup(documents=(copy,), sources=("corpus",))):
-        again = client.complete(GenerationRequest(prompt=prompt, max_tokens=32, lookup=lookup))
+        again = client.complete(GenerationRequest(temperature=0, prompt=prompt, max_tokens=32, lookup=lookup))
         assert again.text == first.text
         assert again.speculation["draft_tokens_by_source"].get("corpus", 0) > 0, lookup
-    plain = GenerationRequest(prompt=prompt, max_tokens=32, lookup=Lookup(sources=("corpus",)))
+    plain = GenerationRequest(temperature=0, prompt=prompt, max_tokens=32, lookup=Lookup(sources=("corpus",)))
     without = client.complete(plain)
     assert without.text == first.text and without.speculation["draft_tokens"] == 0
 
@@ -106,41 +108,41 @@ def test_both_clients_plan_lookup_scope_and_output_appends_the_same_way(client, 
     speculate still feeds later requests; the output index and inline documents are used only when
     speculating with their source."""
     prompt = f"Planning rules seen by {type(client).__name__}: one, two,"
-    plain = GenerationRequest(prompt=prompt, max_tokens=24, lookup=Lookup(enabled=False))
+    plain = GenerationRequest(temperature=0, prompt=prompt, max_tokens=24, lookup=Lookup(enabled=False))
     before = _outputs(client, tiny_gateway)
     first = client.complete(plain)
     assert first.speculation["draft_tokens"] == 0
     _wait_for_outputs(client, tiny_gateway, before + 1)
-    from_output = client.complete(GenerationRequest(prompt=prompt, max_tokens=24,
+    from_output = client.complete(GenerationRequest(temperature=0, prompt=prompt, max_tokens=24,
                                                     lookup=Lookup(sources=("output",))))
     assert from_output.text == first.text
     assert from_output.speculation["draft_tokens_by_source"].get("output", 0) > 0, from_output.speculation
     for lookup in (Lookup(sources=("context",)), Lookup(enabled=False, sources=("output",))):
-        other = client.complete(GenerationRequest(prompt=prompt, max_tokens=24, lookup=lookup))
+        other = client.complete(GenerationRequest(temperature=0, prompt=prompt, max_tokens=24, lookup=lookup))
         assert other.text == first.text
         assert other.speculation["draft_tokens_by_source"].get("output", 0) == 0, lookup
     # inline documents are no source unless "corpus" is
-    inline = client.complete(GenerationRequest(prompt=prompt, max_tokens=24, lookup=Lookup(
+    inline = client.complete(GenerationRequest(temperature=0, prompt=prompt, max_tokens=24, lookup=Lookup(
         documents=(prompt + first.text,), sources=("context",))))
     assert inline.text == first.text and inline.speculation["draft_tokens_by_source"].get("corpus", 0) == 0
 
 
 def test_bad_requests_raise_client_errors_naming_the_parameter(client) -> None:
     with pytest.raises(ClientError) as err:
-        client.complete(GenerationRequest(prompt="x", lookup=Lookup(collections=("no-such",))))
+        client.complete(GenerationRequest(temperature=0, prompt="x", lookup=Lookup(collections=("no-such",))))
     assert err.value.status == 404 and err.value.param == "lookup.collections[0]"
     with pytest.raises(ClientError) as err:
-        client.complete(GenerationRequest(prompt="x", top_p=0.0))
+        client.complete(GenerationRequest(temperature=0, prompt="x", top_p=0.0))
     assert err.value.status == 400 and err.value.param == "top_p"
     with pytest.raises(ClientError) as err:
-        client.complete(GenerationRequest(prompt="x", lookup=Lookup(sources=("nope",))))
+        client.complete(GenerationRequest(temperature=0, prompt="x", lookup=Lookup(sources=("nope",))))
     assert err.value.status == 400 and err.value.param is not None and "sources" in err.value.param
     with pytest.raises(ClientError, match="exactly one"):
         GenerationRequest()
 
 
 def test_leaving_a_stream_early_frees_the_client(client) -> None:
-    req = GenerationRequest(prompt="Once upon a time", max_tokens=64)
+    req = GenerationRequest(temperature=0, prompt="Once upon a time", max_tokens=64)
 
     async def first_delta():
         async for delta in client.astream(req):
@@ -152,7 +154,8 @@ def test_leaving_a_stream_early_frees_the_client(client) -> None:
     gen = client.stream(req)
     next(gen)
     gen.close()
-    assert client.complete(GenerationRequest(prompt="Again", max_tokens=4)).usage["completion_tokens"] == 4
+    again = client.complete(GenerationRequest(temperature=0, prompt="Again", max_tokens=4))
+    assert again.usage["completion_tokens"] == 4
 
 
 def test_unreachable_gateway_is_a_client_error_with_status_0() -> None:
@@ -160,7 +163,7 @@ def test_unreachable_gateway_is_a_client_error_with_status_0() -> None:
 
     c = connect(f"http://127.0.0.1:{free_port()}", model="m", timeout=2.0)
     with pytest.raises(ClientError) as err:
-        c.complete(GenerationRequest(prompt="x", max_tokens=2))
+        c.complete(GenerationRequest(temperature=0, prompt="x", max_tokens=2))
     c.close()
     assert err.value.status == 0
 
@@ -170,7 +173,7 @@ def test_in_process_requests_are_counted_in_the_engine_aggregate(local_client) -
     finish_reason (as every client does) must not lose it."""
     aggregate = local_client.engine.engine.aggregate
     before = aggregate.requests
-    local_client.complete(GenerationRequest(prompt="Counted", max_tokens=3))
+    local_client.complete(GenerationRequest(temperature=0, prompt="Counted", max_tokens=3))
     assert aggregate.requests == before + 1
 
 
@@ -181,10 +184,11 @@ def test_a_closed_local_client_refuses_requests_and_starts_no_scheduler(local_cl
     from lookupspec.client import LocalClient
 
     c = LocalClient(local_client.engine)  # the module's engine, a client of its own
-    assert c.complete(GenerationRequest(prompt="Before", max_tokens=2)).usage["completion_tokens"] == 2
+    before = c.complete(GenerationRequest(temperature=0, prompt="Before", max_tokens=2))
+    assert before.usage["completion_tokens"] == 2
     c.close()
     with pytest.raises(ClientError) as err:
-        c.complete(GenerationRequest(prompt="After", max_tokens=2))
+        c.complete(GenerationRequest(temperature=0, prompt="After", max_tokens=2))
     assert err.value.status == 503 and err.value.code == "shutting_down"
     assert not c.service.worker_alive  # closing started no new scheduler
     c.close()  # closing twice is harmless

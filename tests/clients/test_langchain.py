@@ -47,11 +47,11 @@ def backend(request, local_client, tiny_gateway):
     """(name, LookupspecLLM, ChatLookupspec) on one backend: the shared in-process client passed in, or
     the gateway by URL (its client created lazily by the models)."""
     if request.param == "local":
-        yield "local", LookupspecLLM(client=local_client, max_tokens=16), \
-            ChatLookupspec(client=local_client, max_tokens=16)
+        yield "local", LookupspecLLM(client=local_client, temperature=0, max_tokens=16), \
+            ChatLookupspec(client=local_client, temperature=0, max_tokens=16)
         return
-    llm = LookupspecLLM(base_url=tiny_gateway.url, max_tokens=16)
-    chat = ChatLookupspec(base_url=tiny_gateway.url, api_key="sk-unused", max_tokens=16)
+    llm = LookupspecLLM(base_url=tiny_gateway.url, temperature=0, max_tokens=16)
+    chat = ChatLookupspec(base_url=tiny_gateway.url, temperature=0, api_key="sk-unused", max_tokens=16)
     yield "gateway", llm, chat
     llm.close()
     chat.close()
@@ -137,7 +137,7 @@ def test_prompt_llm_parser_chains(llm, chat) -> None:
 def test_messages_reach_the_model_as_role_content_pairs(chat) -> None:
     history = [SystemMessage("Be brief."), HumanMessage([{"type": "text", "text": "Hi"}, " there"]),
                AIMessage("Hello."), ChatMessage(role="user", content="Name a colour.")]
-    direct = chat.get_client().complete(GenerationRequest(messages=[
+    direct = chat.get_client().complete(GenerationRequest(temperature=0, messages=[
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
         {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a colour."}],
         max_tokens=16))
@@ -197,8 +197,10 @@ def test_an_unknown_collection_is_an_error_naming_it(llm, chat) -> None:
 
 
 def test_in_process_and_gateway_give_the_same_result(local_client, tiny_gateway) -> None:
-    here_llm, there_llm = LookupspecLLM(client=local_client), LookupspecLLM(base_url=tiny_gateway.url)
-    here_chat, there_chat = ChatLookupspec(client=local_client), ChatLookupspec(base_url=tiny_gateway.url)
+    here_llm = LookupspecLLM(client=local_client, temperature=0)
+    there_llm = LookupspecLLM(base_url=tiny_gateway.url, temperature=0)
+    here_chat = ChatLookupspec(client=local_client, temperature=0)
+    there_chat = ChatLookupspec(base_url=tiny_gateway.url, temperature=0)
     try:
         here = here_llm.generate([PROMPT], max_tokens=24).generations[0][0]
         there = there_llm.generate([PROMPT], max_tokens=24).generations[0][0]
@@ -223,8 +225,8 @@ def test_the_in_process_client_is_created_once_on_first_use(tiny_model, monkeypa
 
     real_connect = lc.connect
     monkeypatch.setattr(lc, "connect", counting_connect)
-    llm = LookupspecLLM(model=str(tiny_model), max_tokens=4)
-    chat = ChatLookupspec(model=str(tiny_model), max_tokens=4)
+    llm = LookupspecLLM(model=str(tiny_model), temperature=0, max_tokens=4)
+    chat = ChatLookupspec(model=str(tiny_model), temperature=0, max_tokens=4)
     assert calls == []
     # Runnable.batch runs the chat model on a thread pool: the first calls race to create the client.
     replies = chat.batch(["One", "Two", "Three"], config={"max_concurrency": 3})
@@ -270,7 +272,7 @@ def test_a_missing_langchain_core_names_the_extra_to_install(monkeypatch) -> Non
 
 @pytest.mark.real_model
 def test_real_model_chat_chain_answers_from_a_document(real_model_dir) -> None:
-    chat = ChatLookupspec(model=str(real_model_dir), max_tokens=32)
+    chat = ChatLookupspec(model=str(real_model_dir), temperature=0, max_tokens=32)
     template = ChatPromptTemplate.from_messages([("system", "Answer in one short sentence."),
                                                  ("human", "{question}")])
     document = "The capital of France is Paris. Paris is known for the Eiffel Tower."

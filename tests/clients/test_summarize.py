@@ -283,7 +283,8 @@ def test_cli_skips_bad_lines_and_failing_documents_and_signals_them(tiny_model: 
     assert f"{src}:4: not JSON" in proc.stderr
     assert sorted(r["id"] for r in _records(out)) == ["doc-0", "doc-1", "doc-2"]  # in finishing order
     assert "1 failed; 1 bad input entries skipped" in proc.stdout
-    assert "failed: too-long: ClientError: prompt has " in proc.stdout  # a 400, as from a gateway
+    # a 400, as from a gateway
+    assert "failed: too-long: ClientError: this model's maximum context length" in proc.stdout
 
     strict = _cli(src, "-o", tmp_path / "strict.jsonl", "--model", tiny_model, "--strict", home=home)
     assert strict.returncode == 2 and "--strict" in strict.stderr and f"{src}:4:" in strict.stderr
