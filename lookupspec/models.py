@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lookupspec.config import DTYPES  # "auto": see resolve_dtype
+
 __all__ = [
     "DEFAULT_MODEL",
     "NAMED_MODELS",
@@ -48,7 +50,6 @@ __all__ = [
     "resolve_model_path",
 ]
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto": see resolve_dtype
 
 
 class ModelLoadError(Exception):

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from lookupspec.commands.common import add_model_arguments, positive_int
+from lookupspec.commands.common import add_model_arguments, engine_config, model_config, positive_int
 from lookupspec.models import ModelLoadError
 
 
@@ -47,9 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         spec = SpecParams(enabled=not args.no_spec, max_draft_tokens=args.max_draft_tokens)
-        te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
-                             packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
-                             warmup=not args.no_spec,
+        te = TextEngine.load(args.model, model_config(args), engine_config(args), warmup=not args.no_spec,
                              log=lambda m: print(m, file=sys.stderr))
         params = te.params(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                            top_k=args.top_k, seed=args.seed)
