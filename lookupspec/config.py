@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DTYPES", "EngineConfig", "ModelConfig"]
+__all__ = ["DTYPES", "WEIGHTS", "EngineConfig", "ModelConfig"]
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto": bfloat16 on CUDA, float32 on the CPU
+WEIGHTS = ("auto", "quantized", "float32")  # "auto": quantized where a GGUF file and the kernel allow
 
 
 @dataclass(frozen=True)
@@ -30,15 +31,20 @@ class ModelConfig:
     (``auto``: bfloat16 on CUDA, float32 on the CPU). ``device``: ``cpu`` or ``cuda[:N]``.
     ``auto_pull``: fetch a named default model into the cache when it is missing.
     ``packed_linear``: on CPU in float32, run the linear layers on prepacked weights
-    (:mod:`lookupspec.runtime.cpu_linear`; same arithmetic up to summation order, faster)."""
+    (:mod:`lookupspec.runtime.cpu_linear`; same arithmetic up to summation order, faster).
+    ``weights``: how a GGUF model's linear layers are held, ``quantized``, ``float32`` or ``auto``
+    (None: :func:`lookupspec.models.weights_choice` decides)."""
 
     draft_model: str | None = None
     dtype: str = "float32"
     device: str = "cpu"
     auto_pull: bool = False
     packed_linear: bool = True
+    weights: str | None = None
 
     def __post_init__(self) -> None:
+        if self.weights is not None and self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not self.device:

@@ -52,23 +52,23 @@ def warm_numba() -> None:
 
 
 def warm_context_index() -> None:
-    """The prompt index's kernels (:class:`~lookupspec.index.ContextStore`, one per request): append,
+    """The prompt index's kernels (:class:`~lookupspec.index.ContextIndex`, one per request): append,
     lookup, and the rehash of a table that fills."""
     if not _first("context"):
         return
     import numpy as np
 
-    from lookupspec.index.context import ContextStore
+    from lookupspec.index.context import ContextIndex
     from lookupspec.index.lookup import LookupConfig
 
-    s = ContextStore(max_ngram=2)
+    s = ContextIndex(max_ngram=2)
     s.extend(np.array([1, 2, 1, 2, 3, 1], np.int32))
     s.lookup(np.array([1, 2], np.int32), LookupConfig(max_match=4, max_depth=4))
     s.extend(np.arange(200, dtype=np.int32))  # past the first table's load: a rehash
 
 
 def warm_corpus_index() -> None:
-    """The segment stores' kernels (corpus and output stores): build, merge, lookup, delete and a
+    """The segment indexes' kernels (corpus and output indexes): build, merge, lookup, delete and a
     payload's round trip."""
     if not _first("corpus"):
         return

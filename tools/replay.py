@@ -12,7 +12,7 @@ acceptance length and the copy oracle. The budget rules: ``adaptive`` (the engin
 fixed node count N (verify the best N nodes whenever the tree has any).
 
 With ``--batch-sizes`` the outputs are replayed in batches instead
-(:mod:`tools.replay_batch`): B sequences decode in lockstep under continuous
+(:mod:`tools.batched_replay`): B sequences decode in lockstep under continuous
 batching, each step's draft nodes chosen across the batch by a policy (``--policies``: ``joint``, the
 engine's rule; ``fixed:N``; ``off-above:N``, plain decoding above N live sequences), each step's time
 estimated by a step-cost model fitted to steps measured on ``--model`` at ``--cost-contexts``, or
@@ -266,7 +266,7 @@ def _check_mode(args: argparse.Namespace, batched: bool) -> None:
 
 
 def _policies(text: str | None) -> list[Any]:
-    from tools.replay_batch import BatchPolicy
+    from tools.batched_replay import BatchPolicy
 
     return [BatchPolicy.parse(p) for p in (text or DEFAULT_POLICIES).split(",") if p.strip()]
 

@@ -131,7 +131,7 @@ def measure_samples(engine: Any, tokens: Sequence[int], batch_sizes: Sequence[in
                     contexts: Sequence[int], rounds: int) -> list[CostSample]:
     """Step times on ``engine``'s model: every (batch, rows) at each context, over caches holding the
     first ``context`` of ``tokens`` (repeated as needed), with ``bench-batch``'s cost measurement."""
-    from tools.batch import _cost
+    from tools.batched_decoding import _cost
 
     samples = []
     for context in contexts:

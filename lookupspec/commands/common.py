@@ -9,7 +9,7 @@ import argparse
 import os
 from typing import Any
 
-from lookupspec.config import DTYPES, EngineConfig, ModelConfig
+from lookupspec.config import DTYPES, WEIGHTS, EngineConfig, ModelConfig
 from lookupspec.models import DEFAULT_MODEL
 
 CPU_LINEAR = ("auto", "stream", "onednn")
@@ -19,10 +19,11 @@ LEAN_NATIVE = ("auto", "native", "torch")
 
 class _Environ(argparse.Action):
     """An option recorded in the environment variable ``env``: ``--cpu-linear`` in
-    ``LOOKUPSPEC_CPU_LINEAR``, which the packing reads (:mod:`lookupspec.runtime.cpu_gemm`),
+    ``LOOKUPSPEC_CPU_LINEAR``, which the packing reads (:mod:`lookupspec.runtime.native.matmul`),
     ``--cpu-attention`` in ``LOOKUPSPEC_CPU_ATTENTION`` and ``--lean-native`` in
-    ``LOOKUPSPEC_LEAN_NATIVE``, which every forward reads (:mod:`lookupspec.runtime.cpu_attention`,
-    :mod:`lookupspec.runtime.lean_native`), so they hold for every model this process loads."""
+    ``LOOKUPSPEC_LEAN_NATIVE``, which every forward reads (:mod:`lookupspec.runtime.native.attention`,
+    :mod:`lookupspec.runtime.native.layer_ops`), and ``--weights`` in ``LOOKUPSPEC_WEIGHTS``, which
+    :func:`lookupspec.models.load_model` reads, so they hold for every model this process loads."""
 
     def __init__(self, *args, env: str, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -49,6 +50,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default float32) [env LOOKUPSPEC_DTYPE]")
     parser.add_argument("--device", default=os.environ.get("LOOKUPSPEC_DEVICE", "cpu"),
                         help="cpu or cuda[:N] [env LOOKUPSPEC_DEVICE]")
+    _environ_choice(parser, "--weights", WEIGHTS, "LOOKUPSPEC_WEIGHTS",
+                    "how a GGUF model's quantized linear layers are held: quantized (multiplied as they are "
+                    "by lookupspec's CPU kernel, the float32 path's outputs from a fraction of the bytes), "
+                    "float32 (dequantized at load), or auto: quantized on the CPU in float32 where the "
+                    "kernel builds")
     parser.add_argument("--no-packed-linear", dest="packed_linear", action="store_false",
                         default=os.environ.get("LOOKUPSPEC_PACKED_LINEAR", "1") not in ("0", "false", "no"),
                         help="on CPU float32, keep PyTorch's own linear layers instead of prepacked "
@@ -77,7 +83,8 @@ def model_config(args: argparse.Namespace, *, auto_pull: bool = True) -> ModelCo
     command has it). ``--cpu-linear``, ``--cpu-attention`` and ``--lean-native`` are not in it: the
     native kernels read them from the environment, where the flags put them."""
     return ModelConfig(draft_model=getattr(args, "draft_model", None) or None, dtype=args.dtype,
-                       device=args.device, auto_pull=auto_pull, packed_linear=args.packed_linear)
+                       device=args.device, auto_pull=auto_pull, packed_linear=args.packed_linear,
+                       weights=args.weights)
 
 
 def engine_config(args: argparse.Namespace, **settings: Any) -> EngineConfig:

@@ -16,7 +16,8 @@ from .base import (
     StoreLockedError,
 )
 from .embedded import EmbeddedConfig, EmbeddedLog
-from .factory import Store, open_store
+from .factory import Store, memory_store, open_store
+from .memory import MemoryLog
 from .records import (
     AddDocument,
     AppendOutput,
@@ -43,6 +44,7 @@ __all__ = [
     "DocumentInfo",
     "EmbeddedConfig",
     "EmbeddedLog",
+    "MemoryLog",
     "Record",
     "RecordError",
     "RecordKind",
@@ -57,5 +59,6 @@ __all__ = [
     "StoreState",
     "decode_record",
     "encode_record",
+    "memory_store",
     "open_store",
 ]

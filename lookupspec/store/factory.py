@@ -11,11 +11,12 @@ import numpy as np
 
 from .base import AppendAck, RecordLog, StoreClosedError
 from .embedded import EmbeddedConfig, EmbeddedLog
+from .memory import MemoryLog
 from .records import AddDocument, AppendOutput, DeleteCollection, DeleteDocument, Record
 from .redis_backend import RedisConfig, RedisLog
 from .state import StoreState
 
-__all__ = ["Store", "open_store"]
+__all__ = ["Store", "memory_store", "open_store"]
 
 
 class Store:
@@ -99,6 +100,13 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def memory_store(*, max_outputs_per_namespace: int | None = 10_000) -> Store:
+    """A started store that persists nothing (``MemoryLog``): the in-process client's."""
+    store = Store(MemoryLog(), StoreState(max_outputs_per_namespace=max_outputs_per_namespace))
+    store.start()
+    return store
 
 
 def open_store(data_dir: Path, redis_url: str | None, *, key_prefix: str = "lookupspec:",

@@ -5,13 +5,13 @@
 decoding against a plain-decoding sample of the same run.
 """
 
-from lookupspec.batch.inputs import BadInput, Document, read_documents
-from lookupspec.batch.interrupts import Interrupts, JobInterrupted
-from lookupspec.batch.outputs import OutputFile, Recovery, read_records
-from lookupspec.batch.prompt import DEFAULT_TEMPLATE, PromptTemplate
-from lookupspec.batch.report import JobReport
-from lookupspec.batch.speedup import PlainSample, Speedup, measure_speedup
-from lookupspec.batch.summarize import FatalError, JobConfig, plain_sample, plan, run_job, summarize_one
+from lookupspec.summarize.inputs import BadInput, Document, read_documents
+from lookupspec.summarize.interrupts import Interrupts, JobInterrupted
+from lookupspec.summarize.job import FatalError, JobConfig, plain_sample, plan, run_job, summarize_one
+from lookupspec.summarize.outputs import OutputFile, Recovery, read_records
+from lookupspec.summarize.prompt import DEFAULT_TEMPLATE, PromptTemplate
+from lookupspec.summarize.report import JobReport
+from lookupspec.summarize.speedup import PlainSample, Speedup, measure_speedup
 
 __all__ = [
     "DEFAULT_TEMPLATE",

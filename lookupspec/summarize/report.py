@@ -1,9 +1,9 @@
 """Aggregation of a batch job's results: running figures for the progress bar, the final text report,
 and an optional PNG (per-document tokens/s and acceptance length).
 
-The report's figures come from the records this run wrote (see ``lookupspec.batch.summarize``) and,
+The report's figures come from the records this run wrote (see ``lookupspec.summarize.job``) and,
 for the speedup over plain decoding, from the plain-decoding sample the run took
-(:mod:`lookupspec.batch.speedup`). When the output file already held results of earlier runs, one
+(:mod:`lookupspec.summarize.speedup`). When the output file already held results of earlier runs, one
 more line totals the whole file, and the plot covers the whole file: a rerun that finds nothing left
 to do still reports on, and plots, what the output holds.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from lookupspec.batch.inputs import BadInput
-from lookupspec.batch.speedup import STEP_RATIO, PlainSample, Speedup, decode_wall_time, measure_speedup
+from lookupspec.summarize.inputs import BadInput
+from lookupspec.summarize.speedup import STEP_RATIO, PlainSample, Speedup, decode_wall_time, measure_speedup
 
 __all__ = ["JobReport"]
 
@@ -68,7 +68,7 @@ class JobReport:
     # ---- final report -------------------------------------------------------------------------
 
     def speedup(self) -> Speedup | None:
-        """The speedup over plain decoding (:mod:`lookupspec.batch.speedup`); None without a sample."""
+        """The speedup over plain decoding (:mod:`lookupspec.summarize.speedup`); None without a sample."""
         timed = [r for r in self.records if r["timings"].get("decode_s") is not None]
         tokens = sum(max(int(r["usage"].get("completion_tokens", 0)) - 1, 0) for r in timed)
         windows = [r["timings"]["decode_window"] for r in timed if r["timings"].get("decode_window")]

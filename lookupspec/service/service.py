@@ -27,8 +27,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -36,30 +37,41 @@ from lookupspec.iteration_trace import IterationTrace
 from lookupspec.scheduler import Cancelled, DeadlineExceeded, Request, Scheduler
 from lookupspec.sequence import StepOutput
 from lookupspec.stats import AggregateStats, RequestStats
+from lookupspec.store import BufferFullError, Store, StoreError
 
-from .config import GatewayConfig
-from .errors import APIError
+from .config import ServiceConfig
+from .errors import ServiceError
 from .indexes import IndexRegistry
-from .jobs import ChoiceFinished, ChoicePlan, GenerationJob, JobDone, JobFailed, TextDelta, Ticket
-from .metrics import GatewayMetrics
-from .store import BufferFullError, Store, StoreError
+from .jobs import (
+    AsyncTicket,
+    ChoiceFinished,
+    ChoicePlan,
+    GenerationJob,
+    JobDone,
+    JobFailed,
+    SyncTicket,
+    TextDelta,
+    Ticket,
+)
+from .metrics import ServiceMetrics
 
-__all__ = ["GatewayService"]
+__all__ = ["Service", "build_service"]
 
 log = logging.getLogger(__name__)
 
 _FAILURES_BEFORE_UNHEALTHY = 3  # consecutive engine errors after which /health reports 503
 
 
-def _shutting_down() -> APIError:
-    return APIError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "1"})
+def _shutting_down() -> ServiceError:
+    return ServiceError(503, "the server is shutting down", code="shutting_down",
+                        headers={"Retry-After": "1"})
 
 
-def _cancelled(ticket: Ticket) -> APIError:
+def _cancelled(ticket: Ticket) -> ServiceError:
     """The error a cancelled job ends with: the server's shutdown, or the client gone."""
     if ticket.cancel_reason == "shutdown":
         return _shutting_down()
-    return APIError(499, "the client went away", code="cancelled")
+    return ServiceError(499, "the client went away", code="cancelled")
 
 
 class _Job:
@@ -76,7 +88,7 @@ class _Job:
 class _ChoiceSink:
     """One choice's steps, on the scheduler's thread: text, latencies, events, the output log."""
 
-    def __init__(self, service: GatewayService, job: _Job, choice: ChoicePlan) -> None:
+    def __init__(self, service: Service, job: _Job, choice: ChoicePlan) -> None:
         self.service = service
         self.job = job
         self.choice = choice
@@ -137,17 +149,17 @@ class _ChoiceSink:
             req.cancel("failed")
 
 
-class GatewayService:
+class Service:
     """Holds the text engine, the shared store and this replica's indexes; runs generations."""
 
-    def __init__(self, text_engine: Any, store: Store, indexes: IndexRegistry, config: GatewayConfig,
-                 metrics: GatewayMetrics | None = None) -> None:
+    def __init__(self, text_engine: Any, store: Store, indexes: IndexRegistry, config: ServiceConfig,
+                 metrics: ServiceMetrics | None = None) -> None:
         self.text_engine = text_engine
         self.engine = text_engine.engine
         self.store = store
         self.indexes = indexes
         self.config = config
-        self.metrics = metrics or GatewayMetrics(self.snapshot)
+        self.metrics = metrics or ServiceMetrics(self.snapshot)
         window = int(self.engine.context_window)
         self.context_window = min(window, config.max_model_len) if config.max_model_len else window
         pool = self.engine.runner.pool  # with --kv-cache-mb, a prompt must fit one slot's share
@@ -202,10 +214,19 @@ class GatewayService:
 
     # ---- admission --------------------------------------------------------------------------
 
-    def submit(self, job: GenerationJob, loop: asyncio.AbstractEventLoop) -> Ticket:
+    @overload
+    def submit(self, job: GenerationJob, loop: asyncio.AbstractEventLoop) -> AsyncTicket: ...
+
+    @overload
+    def submit(self, job: GenerationJob, loop: None = None) -> SyncTicket: ...
+
+    def submit(self, job: GenerationJob, loop: asyncio.AbstractEventLoop | None = None) -> Ticket:
         """Queue ``job``; raise 429 when too many requests wait for a slot, 503 while draining or when
-        the engine is unusable."""
-        ticket = Ticket(job, loop, deadline_error=self.deadline_error, worker_alive=lambda: self.worker_alive)
+        the engine is unusable. Its events reach ``loop`` (an ``AsyncTicket``), or without a loop the
+        calling thread (a ``SyncTicket``)."""
+        hooks: dict[str, Callable] = {"deadline_error": self.deadline_error,
+                                      "worker_alive": lambda: self.worker_alive}
+        ticket = AsyncTicket(job, loop, **hooks) if loop is not None else SyncTicket(job, **hooks)
         prompts: dict[tuple[int, ...], list[ChoicePlan]] = {}
         for choice in job.choices:
             prompts.setdefault(choice.prompt_ids, []).append(choice)
@@ -215,14 +236,14 @@ class GatewayService:
                 raise _shutting_down()
             if not self.worker_alive:
                 self.metrics.rejected.labels(reason="engine_unavailable").inc()
-                raise APIError(503, "the generation worker is not running", code="engine_unavailable")
+                raise ServiceError(503, "the generation worker is not running", code="engine_unavailable")
             sched = self.scheduler
             free = max(0, sched.max_batch - sched.running)
             beyond = max(0, sched.waiting + len(prompts) - free)  # requests that would wait for a slot
             if beyond > self.config.max_queue:
                 self.metrics.rejected.labels(reason="queue_full").inc()
                 retry = max(1, math.ceil(self._job_seconds * beyond / sched.max_batch))
-                raise APIError(429, f"the server is busy ({sched.waiting} requests waiting for a slot); "
+                raise ServiceError(429, f"the server is busy ({sched.waiting} requests waiting for a slot); "
                                f"retry after {retry} s", code="queue_full",
                                headers={"Retry-After": str(retry)})
             state = _Job(ticket)
@@ -237,11 +258,11 @@ class GatewayService:
         ticket.on_cancel(cancel)
         return ticket
 
-    def deadline_error(self) -> APIError:
-        return APIError(504, f"the request did not finish within its deadline of "
+    def deadline_error(self) -> ServiceError:
+        return ServiceError(504, f"the request did not finish within its deadline of "
                              f"{self.config.request_timeout_s:g} s", code="request_timeout")
 
-    def _error_of(self, error: BaseException, ticket: Ticket) -> APIError:
+    def _error_of(self, error: BaseException, ticket: Ticket) -> ServiceError:
         """The API error a choice that did not finish ends its job with."""
         if isinstance(error, Cancelled):
             reason = "shutdown" if error.reason == "shutdown" else ticket.cancel_reason
@@ -253,7 +274,7 @@ class GatewayService:
         log.error("the engine failed: %s: %s", type(error).__name__, error)
         self._engine_failures += 1
         self.metrics.aborted.labels(reason="engine_error").inc()
-        return APIError(500, f"the engine failed: {type(error).__name__}: {error}", code="engine_error")
+        return ServiceError(500, f"the engine failed: {type(error).__name__}: {error}", code="engine_error")
 
     # ---- output log -------------------------------------------------------------------------
 
@@ -306,3 +327,11 @@ class GatewayService:
         """The KV pool's size and growth, read without the scheduler's lock: a scrape may lag a step."""
         pool = self.engine.runner.pool
         return {"bytes": pool.nbytes, "resizes": pool.resizes, "resize_s": pool.resize_s}
+
+
+def build_service(text_engine: Any, store: Store, config: ServiceConfig) -> Service:
+    """A service over ``store``, whose indexes follow the store from now on. ``store`` may be started
+    already (its state is replayed into the indexes) or not (then start it after this)."""
+    indexes = IndexRegistry(output_cap_tokens=config.output_cap_tokens)
+    store.subscribe(indexes, replay_existing=True)
+    return Service(text_engine, store, indexes, config)

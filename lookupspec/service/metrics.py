@@ -8,7 +8,7 @@ the first emitted token, queueing included) and inter-token latency (observed on
 a step that emits k tokens contributes k observations of its gap / k). Gauges that describe state
 (queue depth, store sizes and health) are read when scraped, from a snapshot callback.
 
-Every ``GatewayMetrics`` has its own registry, so several apps can live in one process (tests).
+Every ``ServiceMetrics`` has its own registry, so several apps can live in one process (tests).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from lookupspec.stats import RequestStats
 
-__all__ = ["CONTENT_TYPE", "GatewayMetrics"]
+__all__ = ["CONTENT_TYPE", "ServiceMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -32,7 +32,7 @@ _P = "lookupspec_"
 
 
 class _Snapshot(Collector):
-    """Gauges and counters read at scrape time from ``snapshot()`` (see ``GatewayService.snapshot``)."""
+    """Gauges and counters read at scrape time from ``snapshot()`` (see ``Service.snapshot``)."""
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         self._snapshot = snapshot
@@ -140,7 +140,7 @@ def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(_P + name, help_text, value=float(value))
 
 
-class GatewayMetrics:
+class ServiceMetrics:
     """The process's metrics. Counters and histograms are updated by the service (thread-safe)."""
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]] | None = None) -> None:

@@ -15,8 +15,8 @@ import pytest
 from lookupspec.benchmarks.oracle import copy_oracle
 from lookupspec.config import EngineConfig
 from lookupspec.drafting.acceptance import Exploration
+from tools.batched_replay import BatchPolicy, ReplayItem, replay_batch
 from tools.replay import _engine_parts, replay_prompt
-from tools.replay_batch import BatchPolicy, ReplayItem, replay_batch
 from tools.replay_costs import (
     CostSample,
     cost_model,

@@ -16,7 +16,7 @@ fails is reported and left out of the file, so a rerun tries it again.
 
 The first ``plain_sample`` documents run one at a time, each decoded a second time right after with
 speculation off (nothing written for it): the report measures the speedup over plain decoding against
-that sample (:mod:`lookupspec.batch.speedup`). The remaining documents follow, in the pool. Errors
+that sample (:mod:`lookupspec.summarize.speedup`). The remaining documents follow, in the pool. Errors
 that would fail every document (gateway unreachable, unknown model or collection, bad API key) stop
 the job: :class:`FatalError`.
 """
@@ -32,13 +32,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lookupspec.batch.inputs import BadInput, Document
-from lookupspec.batch.interrupts import Interrupts
-from lookupspec.batch.outputs import OutputFile
-from lookupspec.batch.prompt import DEFAULT_TEMPLATE, PromptTemplate
-from lookupspec.batch.report import JobReport
-from lookupspec.batch.speedup import PlainSample
 from lookupspec.client import Client, ClientError, GenerationRequest, Lookup, Result
+from lookupspec.summarize.inputs import BadInput, Document
+from lookupspec.summarize.interrupts import Interrupts
+from lookupspec.summarize.outputs import OutputFile
+from lookupspec.summarize.prompt import DEFAULT_TEMPLATE, PromptTemplate
+from lookupspec.summarize.report import JobReport
+from lookupspec.summarize.speedup import PlainSample
 
 __all__ = ["FatalError", "JobConfig", "plain_sample", "plan", "run_job", "summarize_one"]
 
