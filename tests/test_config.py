@@ -30,6 +30,8 @@ def test_a_model_config_with_an_unknown_dtype_is_refused() -> None:
         ModelConfig(dtype="int3")
     with pytest.raises(ValueError, match="draft_model"):
         ModelConfig(draft_model="")
+    with pytest.raises(ValueError, match="weights"):
+        ModelConfig(weights="int4")
 
 
 def test_configs_are_frozen() -> None:
@@ -39,12 +41,13 @@ def test_configs_are_frozen() -> None:
 
 def test_the_model_flags_map_onto_the_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOOKUPSPEC_PACKED_LINEAR", raising=False)
+    monkeypatch.setenv("LOOKUPSPEC_WEIGHTS", "float32")
     monkeypatch.setenv("LOOKUPSPEC_LEAN_FORWARD", "0")
     parser = argparse.ArgumentParser()
     add_model_arguments(parser)
     parser.add_argument("--draft-model", default=None)
     args = parser.parse_args(["--dtype", "bfloat16", "--no-packed-linear", "--draft-model", "self:layers=2"])
     assert model_config(args) == ModelConfig(draft_model="self:layers=2", dtype="bfloat16", auto_pull=True,
-                                             packed_linear=False)
+                                             packed_linear=False, weights="float32")
     assert engine_config(args, max_batch=4, prefill_chunk=32) == EngineConfig(lean=False, max_batch=4,
                                                                                prefill_chunk=32)
