@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from lookupspec import kernels
+from lookupspec.config import EngineConfig
 from lookupspec.cost import BudgetPolicy, Costs
 from lookupspec.drafting.base import DraftSessions
 from lookupspec.drafting.policy import Draft, DraftPolicy
@@ -79,34 +80,33 @@ class Engine:
     """Speculative decoding of many sequences over a Hugging Face causal LM (and optionally a draft
     model sharing its tokenizer).
 
-    ``lean``: run decode and verification through the lean forward where the model allows it.
-    ``max_slots``: sequences that may be in flight at once. ``kv_cache_bytes``: the KV pool's budget,
-    reserved at once (None: it grows as needed); with ``prefill_chunk`` too, a forward gives a slot at
-    most :attr:`chunk_ceiling` prompt tokens or a step's root and largest draft tree, and
-    sliding-window layers are sized for that. ``prefill_chunk``: prompt tokens per prefill forward in
-    :meth:`generate` (None: the whole prompt at once); a scheduler that interleaves prefills with
-    steps passes the same value to :meth:`prefill` so that a request's tokens do not depend on how it
-    was served. ``prefix_cache_bytes``: the prefix cache's budget (0: no cache); ``prefix_block_size``:
-    its block in tokens (None: :data:`PREFIX_BLOCK` where chunks are free, else ``prefill_chunk``;
-    a block smaller than the chunk needs free chunks, see :attr:`free_chunks`)."""
+    ``config``: what the engine holds and how it runs its forwards (:class:`~lookupspec.config.EngineConfig`).
+    With a ``kv_cache_bytes`` budget and a ``prefill_chunk``, a forward gives a slot at most
+    :attr:`chunk_ceiling` prompt tokens or a step's root and largest draft tree, and sliding-window
+    layers are sized for that. ``prefill_chunk`` is the prompt tokens per prefill forward in
+    :meth:`generate`; a scheduler that interleaves prefills with steps passes the same value to
+    :meth:`prefill` so that a request's tokens do not depend on how it was served. The prefix cache's
+    block (``prefix_block_size``; None: :data:`PREFIX_BLOCK` where chunks are free, else
+    ``prefill_chunk``) may be smaller than the chunk only where chunks are free (:attr:`free_chunks`).
+    ``spec``: the default speculation of a request that names none; ``lookup``: the lookup drafting
+    (None: :class:`~lookupspec.drafting.session.LookupDrafting`); ``policy``: the draft budget's rule."""
 
-    def __init__(self, model: Any, *, draft_model: Any | None = None, context_window: int | None = None,
+    def __init__(self, model: Any, config: EngineConfig | None = None, *, draft_model: Any | None = None,
                  spec: SpecParams | None = None, lookup: DraftSessions | None = None,
-                 policy: BudgetPolicy | None = None, lean: bool = True, max_slots: int = 64,
-                 kv_cache_bytes: int | None = None, prefill_chunk: int | None = None,
-                 prefix_cache_bytes: int = 0, prefix_block_size: int | None = None) -> None:
+                 policy: BudgetPolicy | None = None) -> None:
+        config = config if config is not None else EngineConfig()
+        self.config = config
         cfg = model.config.get_text_config(decoder=True)
-        window = context_window or getattr(cfg, "max_position_embeddings", None) or 2048
+        window = config.context_window or getattr(cfg, "max_position_embeddings", None) or 2048
         self.context_window = int(window)
-        if prefill_chunk is not None and prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk = config.prefill_chunk
         # A budgeted pool sizes sliding-window layers for the most rows a forward gives a slot: a
         # prompt chunk (at most chunk_ceiling tokens) or a step's root and largest draft tree.
-        max_rows = (None if kv_cache_bytes is None or self.chunk_ceiling is None
+        max_rows = (None if config.kv_cache_bytes is None or self.chunk_ceiling is None
                     else max(self.chunk_ceiling, 1 + MAX_DRAFT_TOKENS))
-        self.runner = ModelRunner(model, context_window=self.context_window, lean=lean, max_slots=max_slots,
-                                  kv_cache_bytes=kv_cache_bytes, max_rows=max_rows)
+        self.runner = ModelRunner(model, context_window=self.context_window, lean=config.lean,
+                                  max_batch=config.max_batch, kv_cache_bytes=config.kv_cache_bytes,
+                                  max_rows=max_rows)
         self.model = model
         self.device = self.runner.device
         self.dtype = self.runner.dtype
@@ -123,20 +123,17 @@ class Engine:
         self.costs = Costs()  # measured: the drafting policy and the scheduler price with it
         self.drafting = DraftPolicy(policy, self.costs)
         self.aggregate = AggregateStats()
-        self.prefix_block_size = self._prefix_block_size(prefix_block_size)
+        self.prefix_block_size = self._prefix_block_size(config.prefix_block_size)
         self.prefix_cache: PrefixCache | None = None
-        if prefix_cache_bytes > 0:
-            if prefill_chunk is None:
-                raise ValueError("the prefix cache keeps blocks of chunked prefills: it needs prefill_chunk")
-            self.prefix_cache = PrefixCache(self.runner.pool, self.prefix_block_size, prefix_cache_bytes)
+        if config.prefix_cache_bytes > 0:  # EngineConfig checked that prompts are chunked
+            self.prefix_cache = PrefixCache(self.runner.pool, self.prefix_block_size,
+                                            config.prefix_cache_bytes)
 
     def _prefix_block_size(self, asked: int | None) -> int:
         """The prefix cache's block: a whole chunk where chunks are fixed (only a chunk at a fixed
         offset reproduces a prefill's bits), else ``asked`` or :data:`PREFIX_BLOCK` tokens, so that
         prompts sharing less than a chunk (a system prompt, an instruction header) share blocks."""
-        chunk = self.prefill_chunk
-        if asked is not None and (asked < 1 or (chunk is not None and asked > chunk)):
-            raise ValueError(f"prefix_block_size must be between 1 and prefill_chunk ({chunk}), got {asked}")
+        chunk = self.prefill_chunk  # EngineConfig checked 1 <= asked <= chunk
         if chunk is None:
             return 0
         if not self.free_chunks:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lookupspec.config import DTYPES, WEIGHTS  # DTYPES "auto": see resolve_dtype
+
 __all__ = [
     "DEFAULT_MODEL",
     "NAMED_MODELS",
@@ -56,8 +58,6 @@ __all__ = [
     "weights_choice",
 ]
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto": see resolve_dtype
-WEIGHTS = ("auto", "quantized", "float32")  # "auto": quantized where a GGUF file and the kernel allow
 
 
 class ModelLoadError(Exception):

@@ -8,13 +8,15 @@ run through the service (``lookupspec.service``), from the gateway or ``lookupsp
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from lookupspec.config import EngineConfig, ModelConfig
 from lookupspec.detokenize import TextStream
 from lookupspec.engine import Engine, StepOutput
 from lookupspec.models import (
@@ -26,15 +28,12 @@ from lookupspec.models import (
     render_chat,
     render_chat_text,
 )
-from lookupspec.params import GenerationParams
+from lookupspec.params import GenerationParams, SpecParams
 from lookupspec.prompt_bound import PromptBound
 from lookupspec.sampling import SamplingParams
 from lookupspec.stats import RequestStats
 
 __all__ = ["TextChunk", "TextEngine", "TextFollower"]
-
-_ENGINE_OPTIONS = ("max_slots", "kv_cache_bytes", "prefill_chunk", "prefix_cache_bytes", "prefix_block_size",
-                   "spec")
 
 
 @dataclass(frozen=True)
@@ -69,48 +68,54 @@ class TextFollower:
 class TextEngine:
     """Holds a loaded model, its tokenizer and an :class:`Engine`."""
 
-    def __init__(self, loaded: LoadedModel, engine: Engine | None = None, **engine_kwargs: Any) -> None:
+    def __init__(self, loaded: LoadedModel, engine: Engine | None = None, config: EngineConfig | None = None,
+                 *, draft_model: Any | None = None, spec: SpecParams | None = None) -> None:
+        """``engine``: one already built over ``loaded.model``; else one is built from ``config`` (its
+        ``context_window`` defaults to the loaded model's) with ``draft_model`` (a loaded model) and
+        ``spec`` (the default speculation)."""
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
-        self.engine = engine or Engine(loaded.model, context_window=loaded.context_window, **engine_kwargs)
+        if engine is None:
+            config = config if config is not None else EngineConfig()
+            if config.context_window is None:
+                config = dataclasses.replace(config, context_window=loaded.context_window)
+            engine = Engine(loaded.model, config, draft_model=draft_model, spec=spec)
+        self.engine = engine
         self.eos_token_ids = eos_token_ids(loaded)
 
     @classmethod
-    def load(cls, model: str, *, draft_model: str | None = None, dtype: str = "float32", device: str = "cpu",
-             auto_pull: bool = False, warmup: bool = False, packed_linear: bool = True,
-             lean_forward: bool = True, **kwargs: Any) -> TextEngine:
-        """Load a target (and optionally a draft model: a model spec sharing the target's tokenizer, or
-        ``self:layers=K`` / ``self:int8`` derived from the target). ``packed_linear``: on CPU in
-        float32, run the linear layers on oneDNN-prepacked weights (:mod:`lookupspec.runtime.cpu_linear`;
-        1.5-3x faster decoding, same arithmetic up to summation order). ``lean_forward``: decode
-        through :mod:`lookupspec.runtime.lean` where the model allows it (bit-identical, faster).
-        Other keyword arguments go to :class:`~lookupspec.engine.Engine` when it takes them
-        (``max_slots``, ``kv_cache_bytes``, ``prefill_chunk``, ``prefix_cache_bytes``,
-        ``prefix_block_size``), else to
-        ``load_model``."""
-        engine_kwargs = {k: kwargs.pop(k) for k in _ENGINE_OPTIONS if k in kwargs}
-        loaded = load_model(model, dtype=dtype, device=device, auto_pull=auto_pull, **kwargs)
+    def load(cls, model: str, config: ModelConfig | None = None, engine: EngineConfig | None = None, *,
+             spec: SpecParams | None = None, warmup: bool = False,
+             log: Callable[[str], None] = print) -> TextEngine:
+        """Load a target ``model`` (a named default, a Hugging Face directory or a GGUF file) as
+        ``config`` says (:class:`~lookupspec.config.ModelConfig`: dtype, device, the draft model,
+        packed linear layers) and build its engine from ``engine``
+        (:class:`~lookupspec.config.EngineConfig`); ``spec``: the engine's default speculation;
+        ``warmup``: compile the kernels and seed the step-cost model now (:mod:`lookupspec.warmup`)."""
+        config = config if config is not None else ModelConfig()
+        loaded = load_model(model, dtype=config.dtype, device=config.device, auto_pull=config.auto_pull,
+                            weights=config.weights, log=log)
         draft = None
-        if draft_model:
+        if config.draft_model:
             from lookupspec.drafting.derived import derive_draft, is_derived_spec
 
-            if is_derived_spec(draft_model):
+            if is_derived_spec(config.draft_model):
                 try:
-                    draft = derive_draft(loaded.model, draft_model)
+                    draft = derive_draft(loaded.model, config.draft_model)
                 except ValueError as exc:
                     raise ModelLoadError(str(exc)) from exc
             else:
-                draft_loaded = load_model(draft_model, dtype=dtype, device=device, auto_pull=auto_pull,
-                                          **kwargs)
+                draft_loaded = load_model(config.draft_model, dtype=config.dtype, device=config.device,
+                                          auto_pull=config.auto_pull, weights=config.weights, log=log)
                 check_same_tokenizer(loaded.tokenizer, draft_loaded.tokenizer)
                 draft = draft_loaded.model
         from lookupspec.runtime import prepare_models
 
-        prepare_models(loaded.model, draft, packed_linear=packed_linear)  # after deriving: self:int8
+        prepare_models(loaded.model, draft, packed_linear=config.packed_linear)  # after deriving: self:int8
         from lookupspec.runtime import RuntimeUnsupported
 
         try:
-            te = cls(loaded, draft_model=draft, lean=lean_forward, **engine_kwargs)
+            te = cls(loaded, config=engine, draft_model=draft, spec=spec)
         except RuntimeUnsupported as exc:
             raise ModelLoadError(str(exc)) from exc
         if warmup:

@@ -123,7 +123,7 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
     sizes = [n for n in sizes if n + 2 < engine.context_window]
     context = max(1, min(context, engine.context_window - max(sizes, default=1) - 2))
     shapes = [(1, n) for n in sizes] + [(b, r) for b in batches if b > 1 for r in (1, 4)]
-    nb = min(max(b for b, _ in shapes), engine.runner.pool.max_slots)
+    nb = min(max(b for b, _ in shapes), engine.runner.pool.max_batch)
     slots = []
     try:
         with torch.inference_mode():

@@ -1,5 +1,5 @@
 """The adaptivity pieces: the cost model's table, the budget policy's choice, score calibration and
-the draft-model gate (lookupspec/cost/)."""
+the draft-model gate (lookupspec/cost/draft.py, lookupspec/drafting/acceptance.py)."""
 
 from __future__ import annotations
 

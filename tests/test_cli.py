@@ -46,11 +46,12 @@ def test_generate_rejects_bad_max_tokens():
 def test_generate_without_lean_forward_or_packed_layers_gives_the_same_text(tiny_models):
     import os
 
+    from lookupspec.config import EngineConfig
     from lookupspec.text import TextEngine
 
     model = str(tiny_models["tiny-qwen2"])
     assert TextEngine.load(model).engine.lean is not None
-    assert TextEngine.load(model, lean_forward=False).engine.lean is None
+    assert TextEngine.load(model, engine=EngineConfig(lean=False)).engine.lean is None
     runs = [
         _run("generate", "--model", model, "--max-tokens", "16", "def add(a, b):"),
         _run("generate", "--model", model, "--max-tokens", "16", "--no-lean-forward", "--no-packed-linear",

@@ -7,6 +7,7 @@ import pytest
 import torch
 from reference import complete
 
+from lookupspec.config import EngineConfig
 from lookupspec.engine import finish_tokens
 from lookupspec.params import GenerationParams
 
@@ -111,7 +112,7 @@ def test_context_window_ends_with_length(tiny_text_engine):
     ids = te.encode_prompt(prompt=PROMPTS[0])
     from lookupspec.engine import Engine
 
-    small = Engine(te.loaded.model, context_window=len(ids) + 3)
+    small = Engine(te.loaded.model, EngineConfig(context_window=len(ids) + 3))
     steps = list(small.generate(ids, GenerationParams(max_tokens=50)))
     assert sum(len(s.tokens) for s in steps) == 3
     assert steps[-1].finish_reason == "length"

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS, load_prompts
+from lookupspec.config import EngineConfig
 from lookupspec.cost import BudgetPolicy
 from lookupspec.drafting.derived import derive_draft
 from lookupspec.engine import Engine
@@ -40,7 +41,7 @@ PROMPTS_4 = _prompts(1)
 @pytest.fixture(scope="module")
 def engines(real_text_engine):
     model = real_text_engine.loaded.model
-    adaptive = Engine(model, context_window=real_text_engine.loaded.context_window)
+    adaptive = Engine(model, EngineConfig(context_window=real_text_engine.loaded.context_window))
     adaptive.warmup()
     fixed_dm = Engine(model, draft_model=derive_draft(model, "self:layers=8"),
                       policy=BudgetPolicy(adaptive=False))

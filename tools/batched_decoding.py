@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS
-from lookupspec.commands.common import add_model_arguments, positive_int
+from lookupspec.commands.common import add_model_arguments, engine_config, model_config, positive_int
 from tools.path_noise import dtype_step
 
 __all__ = ["configure", "run", "run_waves"]
@@ -271,8 +271,7 @@ def run(args: argparse.Namespace) -> int:
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
     prompts = select_prompts(load_prompts(args.prompts), kinds, args.limit)
     _log(f"loading model {args.model} ...")
-    te = TextEngine.load(args.model, dtype=args.dtype, device=args.device, packed_linear=args.packed_linear,
-                         lean_forward=args.lean_forward, auto_pull=True, warmup=True, log=_log)
+    te = TextEngine.load(args.model, model_config(args), engine_config(args), warmup=True, log=_log)
     engine = te.engine
     encoded = [te.encode_prompt(messages=list(p.messages)) for p in prompts]
     greedy = [(ids, te.params(max_tokens=args.max_tokens)) for ids in encoded]

@@ -30,7 +30,7 @@ from typing import Any
 
 from lookupspec.benchmarks.http_client import percentile, stream_chat
 from lookupspec.benchmarks.server_process import ServeProcess
-from lookupspec.commands.common import add_model_arguments
+from lookupspec.commands.common import add_model_arguments, engine_config, model_config
 
 __all__ = ["configure", "run"]
 
@@ -193,8 +193,7 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     try:
-        te = TextEngine.load(args.model, dtype=args.dtype, device=args.device, auto_pull=True,
-                             packed_linear=args.packed_linear, lean_forward=args.lean_forward,
+        te = TextEngine.load(args.model, model_config(args), engine_config(args),
                              log=lambda m: print(m, file=sys.stderr))
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lookupspec.commands.common import positive_int
+from lookupspec.config import EngineConfig
 
 __all__ = ["configure", "run"]
 
@@ -76,7 +77,7 @@ def _load(model: str, backend: str | None) -> Any:
         os.environ["LOOKUPSPEC_CPU_LINEAR"] = backend
     loaded = load_model(model, auto_pull=True)
     prepare_models(loaded.model)
-    engine = Engine(loaded.model, prefill_chunk=128)
+    engine = Engine(loaded.model, EngineConfig(prefill_chunk=128))
     if engine.runner.lean is None:
         raise SystemExit(f"{model}: bench-linear needs a model that the lean forward serves "
                          "(llama, qwen2, mistral)")

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from lookupspec.commands.common import add_model_arguments, positive_int
+from lookupspec.config import EngineConfig
 
 __all__ = ["ReplayResult", "accepted_path", "configure", "replay_prompt", "run"]
 
@@ -134,7 +135,7 @@ def _measure_costs(loaded: Any, args: argparse.Namespace, context: int) -> np.nd
     from lookupspec.runtime import prepare_models
 
     prepare_models(loaded.model, packed_linear=args.packed_linear)
-    engine = Engine(loaded.model, context_window=loaded.context_window, lean=args.lean_forward)
+    engine = Engine(loaded.model, EngineConfig(context_window=loaded.context_window, lean=args.lean_forward))
     ctx = min(context, loaded.context_window - COST_SIZES[-1] - 8)
     engine.warmup(COST_SIZES, batches=(1,), context=ctx)
     return engine.cost_table(COST_SIZES[-1] + 2, ctx)

@@ -27,14 +27,15 @@ def _log(msg: str) -> None:
 
 def _measure(loaded: Any, args: argparse.Namespace,
              items: list[ReplayItem]) -> tuple[CostFit, list[CostSample]]:
+    from lookupspec.config import EngineConfig
     from lookupspec.engine import Engine
     from lookupspec.runtime import prepare_models
     from tools.replay_costs import measure_samples
 
     prepare_models(loaded.model, packed_linear=args.packed_linear)
     batches = sorted({1, *args.batch_sizes})
-    engine = Engine(loaded.model, context_window=loaded.context_window, lean=args.lean_forward,
-                    max_slots=max(64, batches[-1]))
+    engine = Engine(loaded.model, EngineConfig(context_window=loaded.context_window, lean=args.lean_forward,
+                                               max_batch=max(64, batches[-1])))
     top = loaded.context_window - max(args.cost_rows) - 8
     contexts = sorted({min(c, top) for c in args.cost_contexts})
     _log(f"measuring step costs: batch {batches} x rows {args.cost_rows} at contexts {contexts}, "

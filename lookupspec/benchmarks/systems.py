@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from lookupspec.config import EngineConfig
 from lookupspec.models import LoadedModel
 from lookupspec.params import LOOKUP_SOURCES, GenerationParams, SpecParams
 
@@ -90,7 +91,8 @@ def build_lookupspec_engine(target: LoadedModel, draft: LoadedModel | None, *,
     model = copy.deepcopy(target.model)
     draft_model = copy.deepcopy(draft.model) if draft is not None and speculate else None
     prepare_models(model, draft_model, packed_linear=packed_linear)
-    engine = Engine(model, context_window=target.context_window, draft_model=draft_model, lean=lean)
+    engine = Engine(model, EngineConfig(context_window=target.context_window, lean=lean),
+                    draft_model=draft_model)
     engine.warmup()
     if not speculate:
         return engine, SpecParams(enabled=False)

@@ -1,11 +1,16 @@
-"""Options shared by the commands that load a model."""
+"""Options shared by the commands that load a model, and their mapping onto the core's configuration
+objects (:mod:`lookupspec.config`): :func:`model_config` and :func:`engine_config` turn the parsed
+flags (whose defaults come from the environment) into a :class:`~lookupspec.config.ModelConfig` and an
+:class:`~lookupspec.config.EngineConfig`."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
-from lookupspec.models import DEFAULT_MODEL, DTYPES, WEIGHTS
+from lookupspec.config import DTYPES, WEIGHTS, EngineConfig, ModelConfig
+from lookupspec.models import DEFAULT_MODEL
 
 CPU_LINEAR = ("auto", "stream", "onednn")
 CPU_ATTENTION = ("auto", "native", "sdpa")
@@ -71,6 +76,21 @@ def add_model_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGrou
                         help="decode and verify through transformers' own forward instead of lookupspec's "
                              "lean one (same output, slower; saves the ~280 MB fused copy of the q/k/v and "
                              "gate/up weights for SmolLM2-135M) [env LOOKUPSPEC_LEAN_FORWARD=0]")
+
+
+def model_config(args: argparse.Namespace, *, auto_pull: bool = True) -> ModelConfig:
+    """The :class:`ModelConfig` of :func:`add_model_arguments`' flags (and ``--draft-model`` where the
+    command has it). ``--cpu-linear``, ``--cpu-attention`` and ``--lean-native`` are not in it: the
+    native kernels read them from the environment, where the flags put them."""
+    return ModelConfig(draft_model=getattr(args, "draft_model", None) or None, dtype=args.dtype,
+                       device=args.device, auto_pull=auto_pull, packed_linear=args.packed_linear,
+                       weights=args.weights)
+
+
+def engine_config(args: argparse.Namespace, **settings: Any) -> EngineConfig:
+    """The :class:`EngineConfig` of :func:`add_model_arguments`' flags (``--no-lean-forward``) and the
+    command's own (``settings``: e.g. the serve command's batching and cache flags)."""
+    return EngineConfig(lean=args.lean_forward, **settings)
 
 
 def non_negative_int(text: str) -> int:

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from lookupspec.commands.common import add_model_arguments, positive_int
+from lookupspec.commands.common import add_model_arguments, engine_config, model_config, positive_int
 from lookupspec.models import ModelLoadError
 
 
@@ -46,9 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from lookupspec.text import TextEngine
 
     try:
-        te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
-                             packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
-                             warmup=not args.no_spec,
+        te = TextEngine.load(args.model, model_config(args), engine_config(args), warmup=not args.no_spec,
                              log=lambda m: print(m, file=sys.stderr))
     except (ModelLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

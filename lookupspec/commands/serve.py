@@ -28,7 +28,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lookupspec.commands.common import add_model_arguments, non_negative_int, positive_float, positive_int
+from lookupspec.commands.common import (
+    add_model_arguments,
+    engine_config,
+    model_config,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from lookupspec.models import ModelLoadError
 
 _ENV = "LOOKUPSPEC_"
@@ -315,12 +322,11 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
     try:
         # warmup: seeds the cost model that decides how much to draft (a few dummy forwards)
         kv_bytes = None if args.kv_cache_mb is None else args.kv_cache_mb * 2**20
-        te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
-                             packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
-                             warmup=True, log=_say, max_slots=args.max_batch, kv_cache_bytes=kv_bytes,
-                             prefill_chunk=args.prefill_chunk,
-                             prefix_cache_bytes=args.prefix_cache_mb * 2**20,
-                             prefix_block_size=args.prefix_block_size)
+        engine = engine_config(args, max_batch=args.max_batch, kv_cache_bytes=kv_bytes,
+                               prefill_chunk=args.prefill_chunk,
+                               prefix_cache_bytes=args.prefix_cache_mb * 2**20,
+                               prefix_block_size=args.prefix_block_size)
+        te = TextEngine.load(args.model, model_config(args), engine, warmup=True, log=_say)
         config = GatewayConfig(
             model_name=args.served_model_name or te.loaded.name, api_keys=keys, admin_key=args.admin_key,
             max_queue=args.max_queue, max_batch=args.max_batch, max_batch_tokens=args.max_batch_tokens,
@@ -343,7 +349,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
         pool = te.engine.runner.pool
         sliding = "".join(f"; sliding-window layers (window {g.window}) {pool.reserved_entries(g)} "
                           "entries a slot" for g in pool.groups if g.window is not None)
-        _say(f"KV cache: {pool.nbytes / 2**20:.0f} MiB reserved, {pool.max_slots} slots of "
+        _say(f"KV cache: {pool.nbytes / 2**20:.0f} MiB reserved, {pool.max_batch} slots of "
              f"{pool.slot_positions} positions{sliding}" if args.kv_cache_mb is not None else
              "KV cache: grows as needed (--kv-cache-mb reserves it at start)")
         replayed = store.start()

@@ -29,7 +29,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lookupspec.commands.common import add_model_arguments, non_negative_int, positive_int
+from lookupspec.commands.common import (
+    add_model_arguments,
+    engine_config,
+    model_config,
+    non_negative_int,
+    positive_int,
+)
 
 _EXIT_FAILURES, _EXIT_ERROR = 1, 2
 
@@ -163,9 +169,7 @@ def _connect(args: argparse.Namespace, log: Any) -> Any:
     model = args.model or os.environ.get("LOOKUPSPEC_MODEL") or DEFAULT_MODEL
     log(f"loading model {model} ...")  # seconds of silence otherwise (torch import, load, warm-up)
     # warmup seeds the cost model the drafting policy relies on
-    return connect(model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
-                   packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
-                   warmup=True, log=log)
+    return connect(model, config=model_config(args), engine=engine_config(args), warmup=True, log=log)
 
 
 def _finish(report: Any, client: Any, args: argparse.Namespace) -> int:

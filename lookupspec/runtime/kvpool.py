@@ -22,7 +22,7 @@ Example (one full layer, capacity 4): ``allocate()`` -> slot 0; a forward writes
 (``ensure`` grew the capacity to 8 first), verification accepts node 1 only, ``compact`` moves entry
 5 to entry 4, ``truncate(0, 5)`` drops the rest.
 
-A byte budget (``max_bytes``) is split evenly between the ``max_slots`` slots, so that every slot
+A byte budget (``max_bytes``) is split evenly between the ``max_batch`` slots, so that every slot
 can be in use at once: each may hold ``slot_positions`` positions. A sliding group's share is smaller
 where the pool knows ``max_rows``, the most rows one forward appends to a slot (a prefill chunk, or a
 step's root and draft nodes): such a group never holds more than ``W - 1`` committed positions plus
@@ -77,7 +77,7 @@ class CompactPlan:
 
 
 class SlotPool:
-    """Preallocated KV storage for up to ``max_slots`` sequences of up to ``max_positions`` positions.
+    """Preallocated KV storage for up to ``max_batch`` sequences of up to ``max_positions`` positions.
     ``max_rows``: the most rows one forward appends to a slot (None: any number, up to the context
     window); sliding-window groups are sized for it (module docstring).
 
@@ -86,25 +86,25 @@ class SlotPool:
     nothing here is thread-safe."""
 
     def __init__(self, layers: Sequence[LayerSpec], *, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 max_slots: int = 64, max_positions: int = 2048, max_bytes: int | None = None,
+                 max_batch: int = 64, max_positions: int = 2048, max_bytes: int | None = None,
                  max_rows: int | None = None, initial_slots: int = 1, initial_capacity: int = 256,
                  align: int = ALIGN) -> None:
         if not layers:
             raise ValueError("a slot pool needs at least one layer")
-        if max_slots < 1 or max_positions < 2:
-            raise ValueError(f"max_slots must be >= 1 and max_positions >= 2, got {max_slots}, "
+        if max_batch < 1 or max_positions < 2:
+            raise ValueError(f"max_batch must be >= 1 and max_positions >= 2, got {max_batch}, "
                              f"{max_positions}")
         if max_rows is not None and max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.layer_specs = tuple(layers)
         self.dtype = dtype
         self.device = torch.device(device)
-        self.max_slots = int(max_slots)
+        self.max_batch = int(max_batch)
         self.max_positions = int(max_positions)
         self.max_bytes = max_bytes
         self.align = int(align)  # capacities are multiples of this many entries
         self.max_rows = self.max_positions if max_rows is None else min(int(max_rows), self.max_positions)
-        slots = min(max(1, initial_slots), self.max_slots)
+        slots = min(max(1, initial_slots), self.max_batch)
         by_spec: dict[LayerSpec, list[int]] = {}
         for i, spec in enumerate(self.layer_specs):
             by_spec.setdefault(spec, []).append(i)
@@ -118,7 +118,7 @@ class SlotPool:
             share = self._budget_share(groups, max_bytes)
             if share < self.align:
                 per_position = sum(b for b, _ in groups)
-                raise PoolFull(f"a KV budget of {max_bytes} bytes cannot give {self.max_slots} slots "
+                raise PoolFull(f"a KV budget of {max_bytes} bytes cannot give {self.max_batch} slots "
                                f"{self.align} positions each ({per_position} bytes per position)")
             self.slot_positions = share
             initial_capacity = min(initial_capacity, self.slot_positions)
@@ -150,12 +150,12 @@ class SlotPool:
 
     def _budget_share(self, groups: Sequence[tuple[int, int]], max_bytes: int) -> int:
         """The most positions (a multiple of ``align``, at most the context window) every one of the
-        ``max_slots`` slots may hold within ``max_bytes``; ``groups``: (bytes a position, most entries
+        ``max_batch`` slots may hold within ``max_bytes``; ``groups``: (bytes a position, most entries
         a slot needs) of each group, so sliding groups count at their window's entries; 0 when not
         even ``align`` fit."""
 
         def fits(positions: int) -> bool:
-            return self.max_slots * sum(b * min(positions, limit) for b, limit in groups) <= max_bytes
+            return self.max_batch * sum(b * min(positions, limit) for b, limit in groups) <= max_bytes
 
         lo, hi = 0, round_up(self.max_positions, self.align) // self.align  # in units of align
         while lo < hi:  # the largest multiple that fits (the cost grows with it)
@@ -209,11 +209,11 @@ class SlotPool:
         free = np.flatnonzero(~self.used)
         if free.size:
             slot = int(free[0])
-        elif self.slots < self.max_slots:
+        elif self.slots < self.max_batch:
             slot = self.slots
-            self._resize(min(self.max_slots, max(slot + 1, 2 * self.slots)), None)
+            self._resize(min(self.max_batch, max(slot + 1, 2 * self.slots)), None)
         else:
-            raise PoolFull(f"all {self.max_slots} slots are in use")
+            raise PoolFull(f"all {self.max_batch} slots are in use")
         self.used[slot] = True
         self.length[slot] = 0
         for g in self.groups:
@@ -252,7 +252,7 @@ class SlotPool:
             raise PoolFull(f"{positions} positions exceed the context window of {self.max_positions}")
         if positions > self.slot_positions:
             raise PoolFull(f"{positions} positions exceed a slot's share of the KV budget "
-                           f"({self.slot_positions} positions for each of {self.max_slots} slots)")
+                           f"({self.slot_positions} positions for each of {self.max_batch} slots)")
         grow: dict[int, int] = {}
         for gi, g in enumerate(self.groups):
             start = int(g.start[slot])
@@ -296,12 +296,12 @@ class SlotPool:
 
     @torch.inference_mode()
     def reserve(self) -> None:
-        """Allocate all ``max_slots`` slots at their full share of the budget now, so that the pool
+        """Allocate all ``max_batch`` slots at their full share of the budget now, so that the pool
         never grows (nor stalls a step to do so) later. Needs a byte budget: without one a slot's
         share is the whole context window. A sliding group takes its :meth:`window_entries`."""
         if self.max_bytes is None:
             raise ValueError("only a pool with a byte budget (max_bytes) can be reserved whole")
-        self._reallocate(self.max_slots, [max(g.capacity, self.reserved_entries(g)) for g in self.groups])
+        self._reallocate(self.max_batch, [max(g.capacity, self.reserved_entries(g)) for g in self.groups])
 
     def _reallocate(self, slots: int, caps: Sequence[int]) -> None:
         t0 = time.perf_counter()

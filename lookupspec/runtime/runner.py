@@ -112,14 +112,14 @@ class ModelRunner:
     """Runs ``model`` (a transformers causal LM, already on its device and dtype; linear layers
     already packed where wanted) for many sequences at once.
 
-    ``context_window``: positions a sequence may reach. ``max_slots``: sequences at once.
+    ``context_window``: positions a sequence may reach. ``max_batch``: sequences at once.
     ``kv_cache_bytes``: the slot pool's budget, reserved at once (None: grow as needed). ``max_rows``:
     the most rows a forward appends to one slot, which sizes sliding-window layers' slots (None: up
     to the context window; :class:`~lookupspec.runtime.kvpool.SlotPool`). ``lean``: use
     the lean forward where the model allows it. ``check``: run the self-check probe (tests switch it
     off only to build runners for models they then check by other means)."""
 
-    def __init__(self, model: Any, *, context_window: int, lean: bool = True, max_slots: int = 64,
+    def __init__(self, model: Any, *, context_window: int, lean: bool = True, max_batch: int = 64,
                  kv_cache_bytes: int | None = None, max_rows: int | None = None, check: bool = True) -> None:
         self.model = model
         param = next(model.parameters())
@@ -131,7 +131,7 @@ class ModelRunner:
             raise RuntimeUnsupported(f"{type(model).__name__} cannot switch its attention implementation")
         self.layers = layer_specs(model)
         self.lean = LeanForward.for_model(model, [s.window for s in self.layers]) if lean else None
-        self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_slots=max_slots,
+        self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_batch=max_batch,
                              max_positions=self.context_window, max_bytes=kv_cache_bytes, max_rows=max_rows)
         if kv_cache_bytes is not None:
             self.pool.reserve()  # a budget is memory set aside: take it now, not mid-load
@@ -227,7 +227,7 @@ class ModelRunner:
         """Run the checks of the module docstring on a small pool of their own (the served pool keeps
         its budget and slots)."""
         served = self.pool
-        self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_slots=4,
+        self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_batch=4,
                              max_positions=self.context_window, initial_capacity=64)
         try:
             self._probe_checks()

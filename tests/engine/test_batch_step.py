@@ -9,6 +9,7 @@ import pytest
 import torch
 from scripted import ScriptedDrafting
 
+from lookupspec.config import EngineConfig
 from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.params import GenerationParams, SpecParams
@@ -177,8 +178,8 @@ def test_a_budgeted_pool_sizes_sliding_layers_for_one_forward_and_keeps_every_to
     plain = _plain(model, requests)
     per_position = 2 * 2 * 16 * 4  # (k, v) x kv heads x head dim x float32, one layer
     budget = 5 * 4 * 512 * per_position  # five slots of 512 positions, every layer counted at full length
-    engine = Engine(model, lookup=ScriptedDrafting(plain, "tree", 512), policy=FIXED, max_slots=5,
-                    kv_cache_bytes=budget, prefill_chunk=8)
+    engine = Engine(model, EngineConfig(max_batch=5, kv_cache_bytes=budget, prefill_chunk=8),
+                    lookup=ScriptedDrafting(plain, "tree", 512), policy=FIXED)
     pool = engine.runner.pool
     assert pool.max_rows == 257 and pool.slot_positions == (4 * 512 - 3 * 320) // 64 * 64  # 1,088
     assert sorted(g.capacity for g in pool.groups) == [320, pool.slot_positions] and pool.nbytes <= budget
@@ -193,8 +194,8 @@ def test_a_sequence_whose_slot_cannot_grow_ends_alone_with_length(tiny_models) -
     requests = _requests()
     plain = _plain(model, requests)
     per_position = 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv heads x head dim x float32
-    engine = Engine(model, lookup=ScriptedDrafting(plain, "none", 512), max_slots=2,
-                    kv_cache_bytes=2 * 128 * per_position)  # two slots of 128 positions
+    engine = Engine(model, EngineConfig(max_batch=2, kv_cache_bytes=2 * 128 * per_position),
+                    lookup=ScriptedDrafting(plain, "none", 512))  # two slots of 128 positions
     pool = engine.runner.pool
     assert (pool.slots, pool.group(0).capacity) == (2, 128)  # reserved at once
     generation = pool.generation
@@ -225,8 +226,8 @@ def test_a_prompt_that_leaves_no_room_for_a_draft_still_starts_and_ends_with_len
     params = GenerationParams(max_tokens=40, ignore_eos=True)
     plain = _plain(model, [(prompt, params)])[tuple(prompt)]
     per_position = 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv heads x head dim x float32
-    engine = Engine(model, lookup=ScriptedDrafting({tuple(prompt): plain}, "chain", 512), max_slots=2,
-                    kv_cache_bytes=2 * 128 * per_position)
+    engine = Engine(model, EngineConfig(max_batch=2, kv_cache_bytes=2 * 128 * per_position),
+                    lookup=ScriptedDrafting({tuple(prompt): plain}, "chain", 512))
     assert engine.runner.pool.slot_positions == 128
     steps = list(engine.generate(prompt, params, spec=SpecParams(max_draft_tokens=32)))
     got = [t for s in steps for t in s.tokens]
@@ -266,7 +267,8 @@ def test_prefilling_a_whole_long_prompt_goes_in_the_engines_chunks(tiny_models) 
     prompt = torch.randint(3, 512, (400,), generator=torch.Generator().manual_seed(7)).tolist()
     params = GenerationParams(max_tokens=6, ignore_eos=True)
     per_position = 2 * 2 * 16 * 4  # (k, v) x kv heads x head dim x float32, one layer
-    engine = Engine(model, max_slots=2, kv_cache_bytes=2 * 4 * 1024 * per_position, prefill_chunk=8)
+    engine = Engine(model, EngineConfig(max_batch=2, kv_cache_bytes=2 * 4 * 1024 * per_position,
+                                        prefill_chunk=8))
     assert engine.runner.pool.max_rows == 257
     plain = SpecParams(enabled=False)
     want = [t for s in engine.generate(prompt, params, spec=plain) for t in s.tokens]

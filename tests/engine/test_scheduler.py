@@ -11,6 +11,7 @@ import pytest
 import torch
 from scripted import ScriptedDrafting
 
+from lookupspec.config import EngineConfig
 from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.iteration_trace import IterationTrace
@@ -73,8 +74,8 @@ def _engine(model, requests, **kw):
     off = SpecParams(enabled=False)
     truth = {tuple(p): [t for s in plain.generate(p, params, spec=off) for t in s.tokens]
              for p, params in requests}
-    engine = Engine(model, lookup=ScriptedDrafting(truth, "tree", 512), policy=BudgetPolicy(adaptive=False),
-                    **kw)
+    engine = Engine(model, EngineConfig(**kw), lookup=ScriptedDrafting(truth, "tree", 512),
+                    policy=BudgetPolicy(adaptive=False))
     return engine, truth
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from scripted import ScriptedDrafting
 
+from lookupspec.config import EngineConfig
 from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.params import GenerationParams, SpecParams
@@ -97,8 +98,8 @@ def test_max_tokens_inside_an_accepted_run(tiny_loaded, max_tokens):
 
 def test_context_window_is_respected_while_drafting(tiny_loaded):
     plain = _plain(tiny_loaded.model, GenerationParams(max_tokens=20))
-    eng = Engine(tiny_loaded.model, lookup=ScriptedDrafting(plain, "tree", 512), policy=FIXED,
-                 context_window=len(PROMPT) + 6)
+    eng = Engine(tiny_loaded.model, EngineConfig(context_window=len(PROMPT) + 6),
+                 lookup=ScriptedDrafting(plain, "tree", 512), policy=FIXED)
     got, steps = _tokens(eng, GenerationParams(max_tokens=20), SpecParams(max_draft_tokens=8))
     assert got == plain[:6]
     assert steps[-1].finish_reason == "length"

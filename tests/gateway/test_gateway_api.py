@@ -450,9 +450,10 @@ def test_prompts_that_share_a_prefix_reuse_its_kv_within_their_namespace(
              for q in ("What does with call first?", question)]
     common = next(i for i, (a, b) in enumerate(zip(*asked, strict=False)) if a != b)
     # the server's block: serve's default --prefill-chunk (128) decides it, on the same model
+    from lookupspec.config import EngineConfig
     from lookupspec.engine import Engine
 
-    block = Engine(text_engine.engine.model, prefill_chunk=128).prefix_block_size
+    block = Engine(text_engine.engine.model, EngineConfig(prefill_chunk=128)).prefix_block_size
     prompt = len(text_engine.encode_prompt(messages=[{"role": "system", "content": PASSAGES},
                                                      {"role": "user", "content": "x"}]))
     assert cached >= 128 and cached < prompt and first == 0

@@ -44,7 +44,7 @@ class ScriptedEngine:
         self.default_spec = SpecParams()
         self.steps_run = 0
         # a KV pool of its own, never written: the service reports the engine's cache in /metrics
-        self.runner = SimpleNamespace(pool=SlotPool([LayerSpec(1, 2, 2)], dtype=torch.float32, max_slots=1))
+        self.runner = SimpleNamespace(pool=SlotPool([LayerSpec(1, 2, 2)], dtype=torch.float32, max_batch=1))
 
     def check_prompt(self, prompt_ids: Any) -> tuple[int, ...]:
         return tuple(prompt_ids)

@@ -26,7 +26,7 @@ class _Counting:
 
 
 def _pool(gen, device="cpu"):
-    pool = SlotPool(SPECS, dtype=torch.float32, device=device, max_slots=4, max_positions=256,
+    pool = SlotPool(SPECS, dtype=torch.float32, device=device, max_batch=4, max_positions=256,
                     initial_capacity=64)
     slots = [pool.allocate(40) for _ in range(3)]
     with torch.inference_mode():  # the pool's tensors are inference tensors

@@ -88,7 +88,7 @@ def test_a_tree_mask_goes_to_sdpa_additive_once_per_forward_with_the_same_bits()
     from lookupspec.runtime.kvpool import LayerSpec, SlotPool
     from lookupspec.runtime.ragged import RaggedBatch
 
-    pool = SlotPool([LayerSpec(2, 16, 16), LayerSpec(2, 16, 16, window=40)], dtype=torch.float32, max_slots=2,
+    pool = SlotPool([LayerSpec(2, 16, 16), LayerSpec(2, 16, 16, window=40)], dtype=torch.float32, max_batch=2,
                     max_positions=512, initial_capacity=256, align=8)
     slot = pool.allocate(256)
     pool.ensure(slot, 200)

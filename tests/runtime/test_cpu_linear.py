@@ -80,9 +80,10 @@ def test_packed_model_logits_and_greedy_tokens_match_the_stock_model(tiny_models
 
 
 def test_a_derived_layers_draft_shares_the_targets_packed_layers(tiny_models) -> None:
+    from lookupspec.config import ModelConfig
     from lookupspec.text import TextEngine
 
-    te = TextEngine.load(str(tiny_models["tiny-llama"]), draft_model="self:layers=1")
+    te = TextEngine.load(str(tiny_models["tiny-llama"]), ModelConfig(draft_model="self:layers=1"))
     target, draft = te.engine.model, te.engine.draft_model
     assert isinstance(target.lm_head, PackedLinear)
     assert draft.lm_head is target.lm_head  # packed once, not a second copy of the LM head

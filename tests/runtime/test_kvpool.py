@@ -68,20 +68,20 @@ MAX_ROWS = 9  # the most rows the program's forwards write at once (its n)
 def test_pool_matches_a_plain_reference(reserved, program, rnd) -> None:
     if reserved == "windowed":  # sliding layers sized for W - 1 + MAX_ROWS entries: 64 positions a slot
         per_slot = 64 * FULL_PER_POSITION + (WINDOW - 1 + MAX_ROWS) * SLIDING_PER_POSITION
-        pool = SlotPool(LAYERS, dtype=torch.float32, max_slots=4, max_positions=64, initial_capacity=2,
+        pool = SlotPool(LAYERS, dtype=torch.float32, max_batch=4, max_positions=64, initial_capacity=2,
                         align=1, max_bytes=4 * per_slot, max_rows=MAX_ROWS)
         assert pool.slot_positions == 64
         pool.reserve()
         assert pool.slots == 4 and pool.nbytes == 4 * per_slot
         assert [g.capacity for g in pool.groups] == [64, WINDOW - 1 + MAX_ROWS, WINDOW - 1 + MAX_ROWS]
     elif reserved:  # a budget of 64 positions for each of 4 slots, all allocated at once
-        pool = SlotPool(LAYERS, dtype=torch.float32, max_slots=4, max_positions=64, initial_capacity=2,
+        pool = SlotPool(LAYERS, dtype=torch.float32, max_batch=4, max_positions=64, initial_capacity=2,
                         align=1, max_bytes=4 * 64 * PER_POSITION)
         assert pool.slot_positions == 64
         pool.reserve()
         assert pool.slots == 4 and pool.nbytes == 4 * 64 * PER_POSITION
     else:
-        pool = SlotPool(LAYERS, dtype=torch.float32, max_slots=4, max_positions=64, initial_capacity=2,
+        pool = SlotPool(LAYERS, dtype=torch.float32, max_batch=4, max_positions=64, initial_capacity=2,
                         align=1)
     generation = pool.generation
     ref = Reference()
@@ -177,10 +177,10 @@ def test_sliding_layers_sized_for_a_forward_leave_the_budget_to_full_layers() ->
     sliding, full = LayerSpec(1, 4, 4, window=20), LayerSpec(1, 4, 4)
     per_position = 2 * 4 * 4
     budget = 2 * 256 * 2 * per_position  # two slots of 256 positions in both layers, counted at full length
-    plain = SlotPool([sliding, full], dtype=torch.float32, max_slots=2, max_positions=1024, align=8,
+    plain = SlotPool([sliding, full], dtype=torch.float32, max_batch=2, max_positions=1024, align=8,
                      max_bytes=budget)
     assert plain.slot_positions == 256
-    pool = SlotPool([sliding, full], dtype=torch.float32, max_slots=2, max_positions=1024, align=8,
+    pool = SlotPool([sliding, full], dtype=torch.float32, max_batch=2, max_positions=1024, align=8,
                     max_bytes=budget, max_rows=16)
     assert pool.window_entries(20) == 40 and pool.window_entries(None) == 1024  # 19 + 16, rounded to 8
     assert pool.slot_positions == 472  # (2 x 256 - 40) entries of the full layer, in multiples of 8
@@ -205,7 +205,7 @@ def test_gemma3_1b_shape_gets_five_times_the_positions_with_sliding_layers_at_th
     """The module docstring's example: 26 layers of one 256-wide head in bfloat16, 22 sliding at 512,
     16 slots of a 32k context in 1 GiB."""
     layers = [LayerSpec(1, 256, 256, None if (i + 1) % 6 == 0 else 512) for i in range(26)]
-    shares = [SlotPool(layers, dtype=torch.bfloat16, max_slots=16, max_positions=32768, max_bytes=2**30,
+    shares = [SlotPool(layers, dtype=torch.bfloat16, max_batch=16, max_positions=32768, max_bytes=2**30,
                        max_rows=rows, initial_capacity=64).slot_positions for rows in (None, 257)]
     assert shares == [2496, 12160]
 
@@ -214,14 +214,14 @@ def test_reserving_takes_the_whole_budget_at_once_and_growth_is_counted() -> Non
     spec = LayerSpec(1, 4, 4)
     per_position = 2 * 4 * 4
     with pytest.raises(ValueError, match="byte budget"):
-        SlotPool([spec], dtype=torch.float32, max_slots=2).reserve()
-    growing = SlotPool([spec], dtype=torch.float32, max_slots=4, max_positions=256, initial_capacity=8,
+        SlotPool([spec], dtype=torch.float32, max_batch=2).reserve()
+    growing = SlotPool([spec], dtype=torch.float32, max_batch=4, max_positions=256, initial_capacity=8,
                        align=8)
     assert growing.resizes == 0
     for _ in range(3):
         growing.ensure(growing.allocate(8), 100)
     assert growing.resizes >= 3 and growing.resize_s > 0  # two slot doublings, one capacity growth at least
-    pool = SlotPool([spec], dtype=torch.float32, max_slots=3, max_positions=256, initial_capacity=8, align=8,
+    pool = SlotPool([spec], dtype=torch.float32, max_batch=3, max_positions=256, initial_capacity=8, align=8,
                     max_bytes=3 * 100 * per_position)
     assert pool.slot_positions == 96 and pool.slots == 1
     pool.reserve()
@@ -240,7 +240,7 @@ def test_reserving_takes_the_whole_budget_at_once_and_growth_is_counted() -> Non
 
 def test_budget_and_window_end_growth_with_pool_full() -> None:
     spec = LayerSpec(1, 4, 4)
-    pool = SlotPool([spec], dtype=torch.float32, max_slots=2, max_positions=100, initial_capacity=8, align=8,
+    pool = SlotPool([spec], dtype=torch.float32, max_batch=2, max_positions=100, initial_capacity=8, align=8,
                     max_bytes=2 * 64 * 8 * 4)  # two slots of 64 positions
     assert pool.slot_positions == 64
     a = pool.allocate(8)
@@ -251,7 +251,7 @@ def test_budget_and_window_end_growth_with_pool_full() -> None:
     with pytest.raises(PoolFull, match="share of the KV budget"):
         pool.ensure(b, 65)  # 2 slots x 72 entries would exceed the budget
     with pytest.raises(PoolFull, match="cannot give"):
-        SlotPool([spec], dtype=torch.float32, max_slots=4, max_bytes=100, align=8)
+        SlotPool([spec], dtype=torch.float32, max_batch=4, max_bytes=100, align=8)
     with pytest.raises(PoolFull, match="slots are in use"):
         pool.allocate(1)
     pool.free(a)

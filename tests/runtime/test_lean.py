@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lookupspec.config import EngineConfig
 from lookupspec.runtime import LeanForward, ModelRunner, SeqRows, layer_specs
 
 
@@ -153,7 +154,7 @@ def test_engine_uses_it_only_when_asked(tiny_models) -> None:
     from lookupspec.params import GenerationParams, SpecParams
 
     model = load_model(str(tiny_models["tiny-qwen2"])).model
-    on, off = Engine(model), Engine(model, lean=False)
+    on, off = Engine(model), Engine(model, EngineConfig(lean=False))
     assert isinstance(on.lean, LeanForward) and off.lean is None
     params = GenerationParams(max_tokens=32, eos_token_ids=(2,))
     prompt = list(range(3, 60)) + list(range(3, 30))

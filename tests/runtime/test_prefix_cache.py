@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lookupspec.config import EngineConfig
 from lookupspec.engine import Engine
 from lookupspec.params import GenerationParams, SpecParams
 from lookupspec.runtime import pack_linears, packing_available
@@ -46,7 +47,8 @@ def _engines(path):
     model = load_model(str(path)).model
     if packing_available():
         pack_linears(model)
-    return Engine(model, prefill_chunk=CHUNK, prefix_cache_bytes=64 << 20), Engine(model, prefill_chunk=CHUNK)
+    return (Engine(model, EngineConfig(prefill_chunk=CHUNK, prefix_cache_bytes=64 << 20)),
+            Engine(model, EngineConfig(prefill_chunk=CHUNK)))
 
 
 @pytest.mark.parametrize("name", TINY_MODELS)
@@ -103,16 +105,18 @@ def test_blocks_smaller_than_the_chunk_share_shorter_heads_where_chunks_are_free
     model = load_model(str(tiny_models[name])).model
     if packing_available():
         pack_linears(model)
-    scratch = Engine(model, prefill_chunk=CHUNK)
-    assert Engine(model, prefill_chunk=CHUNK).prefix_block_size == min(CHUNK, PREFIX_BLOCK)
-    assert Engine(model, prefill_chunk=64).prefix_block_size == (PREFIX_BLOCK if scratch.free_chunks else 64)
+    scratch = Engine(model, EngineConfig(prefill_chunk=CHUNK))
+    assert Engine(model, EngineConfig(prefill_chunk=CHUNK)).prefix_block_size == min(CHUNK, PREFIX_BLOCK)
+    assert (Engine(model, EngineConfig(prefill_chunk=64)).prefix_block_size
+            == (PREFIX_BLOCK if scratch.free_chunks else 64))
     with pytest.raises(ValueError, match="prefix_block_size"):
-        Engine(model, prefill_chunk=CHUNK, prefix_block_size=CHUNK + 1)
+        Engine(model, EngineConfig(prefill_chunk=CHUNK, prefix_block_size=CHUNK + 1))
     if not scratch.free_chunks:
         with pytest.raises(ValueError, match="chunk-invariant"):
-            Engine(model, prefill_chunk=CHUNK, prefix_block_size=5)
+            Engine(model, EngineConfig(prefill_chunk=CHUNK, prefix_block_size=5))
         return
-    cached = Engine(model, prefill_chunk=CHUNK, prefix_cache_bytes=64 << 20, prefix_block_size=5)
+    cached = Engine(model, EngineConfig(prefill_chunk=CHUNK, prefix_cache_bytes=64 << 20,
+                                        prefix_block_size=5))
     _, (a, b) = _prompts()
     for expect, sampling in ((50, SamplingParams()), (60, SamplingParams(temperature=0.9, seed=5))):
         params = GenerationParams(max_tokens=24, sampling=sampling)
@@ -127,8 +131,8 @@ def test_blocks_smaller_than_the_chunk_share_shorter_heads_where_chunks_are_free
 def test_reuse_stays_inside_its_namespace(tiny_models) -> None:
     from lookupspec.models import load_model
 
-    engine = Engine(load_model(str(tiny_models["tiny-llama"])).model, prefill_chunk=CHUNK,
-                    prefix_cache_bytes=64 << 20)
+    engine = Engine(load_model(str(tiny_models["tiny-llama"])).model,
+                    EngineConfig(prefill_chunk=CHUNK, prefix_cache_bytes=64 << 20))
     _, (a, b) = _prompts()
     params = GenerationParams(max_tokens=4)
     _run(engine, a, params, "alpha")
@@ -138,7 +142,7 @@ def test_reuse_stays_inside_its_namespace(tiny_models) -> None:
 
 
 def _pool():
-    return SlotPool([LayerSpec(1, 4, 4), LayerSpec(1, 4, 4, window=6)], dtype=torch.float32, max_slots=4,
+    return SlotPool([LayerSpec(1, 4, 4), LayerSpec(1, 4, 4, window=6)], dtype=torch.float32, max_batch=4,
                     max_positions=512, initial_capacity=64, align=8)
 
 
@@ -231,8 +235,8 @@ def test_a_cached_prefix_is_exact_on_smollm2(real_text_engine) -> None:
     ask = [te.encode_prompt(messages=[{"role": "system", "content": system}, {"role": "user", "content": q}])
            for q in ("What does with do?", "Which methods does a context manager define?")]
     model = te.engine.model
-    cached = Engine(model, prefill_chunk=64, prefix_cache_bytes=256 << 20)
-    scratch = Engine(model, prefill_chunk=64)
+    cached = Engine(model, EngineConfig(prefill_chunk=64, prefix_cache_bytes=256 << 20))
+    scratch = Engine(model, EngineConfig(prefill_chunk=64))
     for sampling in (SamplingParams(), SamplingParams(temperature=0.8, seed=3)):
         params = GenerationParams(max_tokens=32, sampling=sampling)
         list(cached.generate(ask[0], params, namespace="rag"))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lookupspec.benchmarks.oracle import copy_oracle
+from lookupspec.config import EngineConfig
 from lookupspec.drafting.acceptance import Exploration
 from tools.batched_replay import BatchPolicy, ReplayItem, replay_batch
 from tools.replay import _engine_parts, replay_prompt
@@ -368,7 +369,7 @@ def test_step_costs_are_measured_on_the_model_with_bench_batchs_measurement(tiny
     from lookupspec.models import load_model
     from tools.replay_costs import measure_samples
 
-    engine = Engine(load_model(str(tiny_models["tiny-llama"])).model, max_slots=4)
+    engine = Engine(load_model(str(tiny_models["tiny-llama"])).model, EngineConfig(max_batch=4))
     samples = measure_samples(engine, list(range(3, 40)), [1, 2], [1, 3], [16, 48], rounds=1)
     assert sorted((s.batch, s.rows, s.context) for s in samples) == sorted(
         (b, r, c) for b in (1, 2) for r in (1, 3) for c in (16, 48))
