@@ -456,3 +456,20 @@ void matmul_quant_dequant(const int8_t *q, const uint8_t *hb, const uint16_t *d,
     }
     free(buf);
 }
+
+/* Rows ids[0..n) of the weights as floats, out [n][K] (an embedding lookup): each row's group
+   dequantized, the row's lane kept; the values are matmul_quant_dequant's. */
+void matmul_quant_rows(const int8_t *q, const uint8_t *hb, const uint16_t *d, const uint16_t *dm,
+                       const int8_t *sc, const int8_t *mn, int type, long K, const long *ids, long n, float *out) {
+    planes P = {q, hb, d, dm, sc, mn};
+    float *buf = panel((size_t)KCHUNK * 16);
+    if (!buf) return;
+    for (long i = 0; i < n; i++) {
+        long g = ids[i] / 16, l = ids[i] % 16;
+        for (long k0 = 0; k0 < K; k0 += KCHUNK) {
+            long kn = K - k0 < KCHUNK ? K - k0 : KCHUNK;
+            dequant(&P, type, g, K, k0, k0 + kn, buf);
+            for (long k = 0; k < kn; k++) out[i * K + k0 + k] = buf[k * 16 + l];
+        }
+    }
+}
