@@ -168,17 +168,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
       choices=("critical", "error", "warning", "info", "debug"), help="[env LOOKUPSPEC_LOG_LEVEL]")
 
 
-def _warm_up(text_engine: Any) -> None:
-    """What the first request would otherwise pay for: one short generation, the prompt byte bound
-    (a parse of the tokenizer's JSON, ~0.4 s for SmolLM2, once) and a chat prompt
-    through the template and the tokenizer."""
-    params = text_engine.params(max_tokens=4, temperature=0.0)
-    for _ in text_engine.engine.generate([0, 1, 2, 3], params):
-        pass
-    _ = text_engine.prompt_bound  # a cached property: computed here, once
-    text_engine.encode_prompt(messages=[{"role": "user", "content": "warm-up"}])
-
-
 _GRACE_S = 5  # after a drain, how long the last answers (and uvicorn's connections) may take
 
 
@@ -304,6 +293,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
     from lookupspec.gateway.config import GatewayConfig
     from lookupspec.store import StoreError
     from lookupspec.text import TextEngine
+    from lookupspec.warmup import warm_text
 
     started = time.perf_counter()
     try:
@@ -345,7 +335,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
         synced = store.health().get("synced", True)
         _say(f"store: {backend}, {replayed} records replayed"
              + ("" if synced else " (redis unreachable: /ready answers 'syncing' until it is read)"))
-        _warm_up(te)
+        warm_text(te)  # what the first request would otherwise pay for
     except (ModelLoadError, StoreError, OSError, ValueError) as exc:
         _say(f"error: {exc}")
         lifecycle.fail(str(exc), exit_code=2)

@@ -6,7 +6,7 @@ for 2-3 rows (each row re-reads the weight). Two packed backends read the weight
 
 - the streaming kernel (:mod:`.native.matmul`, ``matmul.c`` built on first use), where it builds
   (Linux on x86-64 with AVX2+FMA and a C compiler): rows ride along the weight stream almost for
-  free up to a few dozen (``lookupspec bench-linear`` compares it with oneDNN), and a row's bits
+  free up to a few dozen (``python -m tools bench-linear`` compares it with oneDNN), and a row's bits
   never depend on the other rows;
 - oneDNN with the weight reordered ahead of time into its blocked layout, everywhere else (about
   twice MKL's speed at one row on an LM head, three times at 8 rows).

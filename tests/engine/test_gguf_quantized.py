@@ -9,7 +9,7 @@ import pytest
 from gguf_tiny import write_tiny_llama
 from scripted import ScriptedDrafting
 
-from lookupspec.adaptive import BudgetPolicy
+from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.models import ModelLoadError, load_model
 from lookupspec.params import GenerationParams, SpecParams

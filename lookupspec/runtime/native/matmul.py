@@ -4,7 +4,7 @@ A decode step multiplies a few rows (one per sequence, plus draft rows) by every
 model. oneDNN's packed products read each weight once, but for 2-32 rows they run well below both
 the memory's and the FMA units' speed. ``matmul.c`` keeps a tile of rows x 48-64 columns in
 registers while the weights stream past, so rows are nearly free until the FMA units are busy, and
-it is on par with oneDNN at prompt-chunk sizes (``lookupspec bench-linear`` measures both). Past a
+it is on par with oneDNN at prompt-chunk sizes (``python -m tools bench-linear`` measures both). Past a
 few rows, the tiles of each panel of columns also prefetch the next panel, so the memory keeps
 streaming while the panel's later row tiles compute from cache; 9-12 rows (a batch of 8 with a few
 draft nodes, one sequence's tree) take one tile for all the rows, so each weight is still read once.
