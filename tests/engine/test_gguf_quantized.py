@@ -83,3 +83,14 @@ def test_float32_and_non_gguf_models_keep_float_weights(home, tmp_path, tiny_mod
     assert load_model(str(path), weights="quantized", log=logs.append).weights == "float"
     with pytest.raises(ModelLoadError, match="weights must be one of"):
         load_model(str(path), weights="int4")
+
+
+def test_a_pulled_model_keeps_its_gguf_file_and_serves_it_quantized(home, tmp_path):
+    from lookupspec.models import _dequantize_gguf, gguf_source
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", "Q8_0")
+    out = _dequantize_gguf(path, tmp_path / "named", lambda _: None, "tiny", keep_gguf=True)
+    assert (out / "model.gguf").read_bytes() == path.read_bytes()
+    path.unlink()  # the directory serves on its own
+    assert gguf_source(out) == out / "model.gguf"
+    assert load_model(str(out), weights="quantized").weights == "quantized (Q8_0 x 16)"
