@@ -397,10 +397,12 @@ def weights_choice(value: str | None = None) -> str:
     kernel), ``float32`` (dequantized at load) or ``auto`` (quantized where the model comes from a
     GGUF file, runs on the CPU in float32 and the kernel builds). None: env ``LOOKUPSPEC_WEIGHTS``,
     else auto."""
-    value = (value if value is not None else os.environ.get("LOOKUPSPEC_WEIGHTS", "auto")).strip().lower()
+    if value is None:
+        value = os.environ.get("LOOKUPSPEC_WEIGHTS", "")
+    value = value.strip().lower() or "auto"
     if value not in WEIGHTS:
         raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS)}, got {value!r}")
-    return value or "auto"
+    return value
 
 
 def gguf_source(path: Path) -> Path | None:

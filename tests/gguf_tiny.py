@@ -1,5 +1,5 @@
 """A tiny Llama written as a GGUF file by the tests (the ``gguf`` package's writer): the fixture
-tokenizer's byte-level BPE, random weights with the linear layers quantized to one GGUF type."""
+tokenizer's byte-level BPE, random weights quantized to one GGUF type."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator,
 
 
 def write_tiny_llama(path: Path, kind: str, seed: int = 0) -> Path:
-    """A 2-layer Llama (hidden 256, so every GGUF block size fits) with its linear layers (and the
-    output head) quantized to ``kind``; embeddings and norms float32."""
+    """A 2-layer Llama (hidden 256, so every GGUF block size fits) with its linear layers, the output
+    head and the token embedding quantized to ``kind``; norms float32."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -71,7 +71,7 @@ def write_tiny_llama(path: Path, kind: str, seed: int = 0) -> Path:
     def dense(name: str, *shape: int, scale: float = 0.5, offset: float = 0.0) -> None:
         w.add_tensor(name, (rng.standard_normal(shape) * scale + offset).astype(np.float32))
 
-    dense("token_embd.weight", VOCAB, HIDDEN)
+    quant("token_embd.weight", VOCAB, HIDDEN)
     for i in range(LAYERS):
         dense(f"blk.{i}.attn_norm.weight", HIDDEN, scale=0.1, offset=1.0)
         quant(f"blk.{i}.attn_q.weight", HIDDEN, HIDDEN)

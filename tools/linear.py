@@ -1,5 +1,7 @@
-"""CPU float32 kernels side by side: the linear layers' streaming kernel (``native/matmul.c``) against
-oneDNN, or (``--compare attention``) the native attention (``native/attention.c``) against SDPA.
+"""CPU kernels side by side: the linear layers' streaming kernel (``native/matmul.c``) against
+oneDNN, (``--compare weights``) a GGUF model's quantized linear layers against its float32 ones on
+the streaming kernel, or (``--compare attention``) the native attention (``native/attention.c``)
+against SDPA.
 
 Two measurements, both backends interleaved round by round in one process, medians:
 
@@ -14,6 +16,7 @@ Two measurements, both backends interleaved round by round in one process, media
 
 Examples: python -m tools bench-linear --json out/linear.json
           python -m tools bench-linear --compare attention --json out/attention.json
+          python -m tools bench-linear --compare weights --json out/weights.json
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from lookupspec.config import EngineConfig
 
 __all__ = ["configure", "run"]
 
-COMPARISONS = {"linear": ("onednn", "stream"), "attention": ("sdpa", "native")}
-_NAMES = {"onednn": "oneDNN", "stream": "stream", "sdpa": "SDPA", "native": "native"}
+COMPARISONS = {"linear": ("onednn", "stream"), "attention": ("sdpa", "native"),
+               "weights": ("float32", "quantized")}
+_NAMES = {"onednn": "oneDNN", "stream": "stream", "sdpa": "SDPA", "native": "native", "float32": "float32",
+          "quantized": "quantized"}
 
 
 def _ints(text: str) -> list[int]:
@@ -52,7 +57,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=os.environ.get("LOOKUPSPEC_MODEL", "smollm2-135m-instruct"),
                         help="named model, Hugging Face directory or .gguf file [env LOOKUPSPEC_MODEL]")
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="linear",
-                        help="linear: oneDNN vs the streaming matmul; attention: SDPA vs the native kernel")
+                        help="linear: oneDNN vs the streaming matmul; weights: a GGUF model's float32 vs "
+                             "quantized linear layers; attention: SDPA vs the native kernel")
     parser.add_argument("--rows", type=_ints, default=[1, 2, 4, 8, 12, 16, 24, 32, 64, 128],
                         help="products: rows per product")
     parser.add_argument("--steps", type=_pairs,
@@ -68,14 +74,14 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _load(model: str, backend: str | None) -> Any:
+def _load(model: str, backend: str | None, weights: str = "float32") -> Any:
     from lookupspec.engine import Engine
     from lookupspec.models import load_model
     from lookupspec.runtime import prepare_models
 
     if backend is not None:
         os.environ["LOOKUPSPEC_CPU_LINEAR"] = backend
-    loaded = load_model(model, auto_pull=True)
+    loaded = load_model(model, auto_pull=True, weights=weights, log=_log)
     prepare_models(loaded.model)
     engine = Engine(loaded.model, EngineConfig(prefill_chunk=128))
     if engine.runner.lean is None:
@@ -109,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
         for backend in backends:
             _log(f"loading {args.model} with {backend} linear layers ...")
             loaded, engines[backend] = _load(args.model, backend)
+    elif args.compare == "weights":
+        for weights in backends:
+            _log(f"loading {args.model} with {weights} weights ...")
+            loaded, engines[weights] = _load(args.model, "stream", weights)
+            _log(f"{weights}: {loaded.weights}, {loaded.resident_bytes() / 2**20:.0f} MiB resident")
     else:
         from lookupspec.runtime.native import attention as native_attention
 
@@ -138,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
             for s in slots[backend][ctx]:
                 for i in range(0, ctx, 128):
                     runner.prefill(s, ids[i:min(ctx, i + 128)])
-    configs: list[tuple[Any, ...]] = [("products", r) for r in args.rows] if args.compare == "linear" else []
+    configs: list[tuple[Any, ...]] = []
+    if args.compare != "attention":  # the attention backends share one model's products
+        configs += [("products", r) for r in args.rows]
     configs += [("forward", ctx, b, r) for ctx in args.contexts for b, r in args.steps]
     configs += [("chunk", max(args.contexts), 8)]
     times: dict[tuple[str, tuple], list[float]] = {(be, c): [] for be in backends for c in configs}

@@ -49,8 +49,8 @@ import torch
 from .native import matmul
 from .native.quantized import QuantWeights
 
-__all__ = ["FusedLinears", "PackedLinear", "QuantizedLinear", "linear_backend", "pack_linears",
-           "packing_available", "single_row_differs"]
+__all__ = ["FusedLinears", "PackedLinear", "QuantizedEmbedding", "QuantizedLinear", "linear_backend",
+           "pack_linears", "packing_available", "single_row_differs"]
 
 _BATCH_HINT = 8  # the row count oneDNN tunes the layout for; measured best for 1-32 rows here
 _PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 24, 32, 48, 100, 136, 200)
@@ -305,3 +305,20 @@ class QuantizedLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}"
+
+
+class QuantizedEmbedding(torch.nn.Module):
+    """An embedding whose table is a GGUF-quantized tensor (often the one the LM head multiplies by):
+    ``self(ids)`` dequantizes just the rows looked up, with the values gguf's dequantization gives,
+    so a step keeps only the rows it reads in float."""
+
+    def __init__(self, weights: QuantWeights) -> None:
+        super().__init__()
+        self.weights = weights
+        self.num_embeddings, self.embedding_dim = weights.out_features, weights.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weights.rows(ids)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.weights.kind}"

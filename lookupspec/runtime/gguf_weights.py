@@ -6,8 +6,10 @@ layout). :func:`quantize_linears` takes such a model and its GGUF file and repla
 ``nn.Linear`` whose tensor is quantized (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) by a
 :class:`~.cpu_linear.QuantizedLinear` over the tensor's own bytes, once a check shows that the
 kernel's dequantization equals the float weight bit for bit (in the file's row order or in the
-rotary reordering). A layer that fails the check keeps its float weight. F16, BF16 and F32
-tensors, norms and embeddings stay as transformers loaded them.
+rotary reordering). The token embedding becomes a
+:class:`~.cpu_linear.QuantizedEmbedding` the same way (sharing its bytes with a tied LM head), so
+only the rows a step looks up are dequantized. A layer that fails the check keeps its float weight;
+F16, BF16 and F32 tensors and the norms stay as transformers loaded them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cpu_linear import QuantizedLinear
+from .cpu_linear import QuantizedEmbedding, QuantizedLinear
 from .native.quantized import QUANT_TYPES, QuantWeights
 
 __all__ = ["quantize_linears", "resident_bytes"]
@@ -64,8 +66,25 @@ def quantize_linears(model: Any, gguf_path: Path, lib: ctypes.CDLL,
              int(getattr(cfg, "num_key_value_heads", 0) or 0)}
     done: Counter[str] = Counter()
     kept: list[str] = []
+    shared: dict[str, QuantWeights] = {}  # by GGUF tensor, in the file's row order: tied layers share it
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Embedding and child.weight.dtype == torch.float32:
+                name = f"{parent_name}.{child_name}" if parent_name else child_name
+                gname = names.get_name(name)
+                tensor = tensors.get(f"{gname}.weight") if gname else None
+                if tensor is None or tensor.tensor_type.name not in QUANT_TYPES:
+                    continue
+                raw = np.asarray(tensor.data, dtype=np.uint8).reshape(child.num_embeddings, -1)
+                weights = shared.get(tensor.name) or QuantWeights.from_gguf(lib, tensor.tensor_type.name, raw,
+                                                                            child.embedding_dim)
+                if torch.equal(weights.dense(), child.weight.detach()):  # padding_idx: gradients only
+                    shared[tensor.name] = weights
+                    setattr(parent, child_name, QuantizedEmbedding(weights))
+                    done[weights.kind] += 1
+                else:
+                    kept.append(name)
+                continue
             if type(child) is not torch.nn.Linear or child.weight.dtype != torch.float32:
                 continue
             name = f"{parent_name}.{child_name}" if parent_name else child_name
@@ -80,9 +99,14 @@ def quantize_linears(model: Any, gguf_path: Path, lib: ctypes.CDLL,
             want = child.weight.detach()
             rotary = (_rotary_rows(child.out_features, h) for h in sorted(heads))
             for order in [None, *(o for o in rotary if o is not None)]:
-                rows = raw if order is None else raw[order]
-                weights = QuantWeights.from_gguf(lib, kind, rows, child.in_features, child.bias)
+                if order is None and child.bias is None and tensor.name in shared:
+                    weights = shared[tensor.name]
+                else:
+                    rows = raw if order is None else raw[order]
+                    weights = QuantWeights.from_gguf(lib, kind, rows, child.in_features, child.bias)
                 if torch.equal(weights.dense(), want):
+                    if order is None and child.bias is None:
+                        shared[tensor.name] = weights
                     setattr(parent, child_name, QuantizedLinear(weights))
                     done[kind] += 1
                     break
@@ -96,7 +120,7 @@ def quantize_linears(model: Any, gguf_path: Path, lib: ctypes.CDLL,
 
 def resident_bytes(model: Any) -> int:
     """Bytes of the model's weights in memory: parameters and buffers (each tensor once, tied ones
-    too) and the quantized layers' planes."""
+    too), the packed layers' copies and the quantized layers' planes."""
     seen: set[int] = set()
     total = 0
     for t in [*model.parameters(), *model.buffers()]:
@@ -104,7 +128,14 @@ def resident_bytes(model: Any) -> int:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
     for m in model.modules():
-        if isinstance(m, QuantizedLinear) and id(m.weights) not in seen:
-            seen.add(id(m.weights))
-            total += m.weights.nbytes
+        held = getattr(m, "weights", None)  # packed or quantized layers keep their tensors outside
+        if held is None or id(held) in seen:
+            continue
+        seen.add(id(held))
+        if isinstance(held, QuantWeights):
+            total += held.nbytes
+        elif isinstance(getattr(held, "packed", None), torch.Tensor):
+            total += held.packed.numel() * held.packed.element_size()
+            bias = getattr(held, "bias", None)
+            total += 0 if bias is None else bias.numel() * bias.element_size()
     return total

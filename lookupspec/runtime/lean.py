@@ -71,6 +71,11 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * (x * torch.rsqrt(variance + eps))
 
 
+def _embedding_width(embed: Any) -> int:
+    """The width of an embedding module's rows."""
+    return int(embed.embedding_dim)
+
+
 def _joint(linears: list[Any]) -> Any:
     """A callable ``x -> cat([lin(x) for lin in linears], -1)``: one fused oneDNN matmul when the
     layers are packed and fuse bit-identically, else one call per layer."""
@@ -94,7 +99,7 @@ class LeanForward:
     def __init__(self, model: Any, windows: list[int | None]) -> None:
         inner = model.model
         cfg = model.config
-        self.embed = inner.embed_tokens.weight
+        self.embed = inner.embed_tokens  # nn.Embedding, or a QuantizedEmbedding: ids -> rows
         self.rotary = inner.rotary_emb
         self.norm = inner.norm.weight
         self.norm_eps = float(inner.norm.variance_epsilon)
@@ -163,7 +168,7 @@ class LeanForward:
         that updates ``h`` in place where ``layer_ops.c`` can sum the squares in torch's order
         (:func:`~lookupspec.runtime.native.layer_ops.sum_lanes`), else the torch sum and mean of squares
         with the native scaling, or the torch ops."""
-        lanes = None if native is None else layer_ops.sum_lanes(native, int(self.embed.shape[1]))
+        lanes = None if native is None else layer_ops.sum_lanes(native, int(_embedding_width(self.embed)))
 
         def add_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,7 +188,7 @@ class LeanForward:
         given: a prefill chunk needs its last row's) for a ragged batch whose sequences' earlier
         positions are in ``batch.pool``; writes the rows' keys and values there."""
         n = batch.rows
-        h = F.embedding(batch.input_ids, self.embed)
+        h = self.embed(batch.input_ids)
         cos, sin = self.rotary(h, position_ids=batch.position_ids)
         d, nq, nkv = self.head_dim, self.n_heads, self.n_kv
         inter = self.intermediate

@@ -1,6 +1,7 @@
 """A GGUF model served with its quantized weights: a tiny Llama written by the tests per GGUF type,
 loaded with ``weights="quantized"`` and with ``weights="float32"``, gives the same greedy tokens with
-speculation off and on (drafts accepted and rejected), through the lean forward's stacked products."""
+speculation off and on (drafts accepted and rejected), through the lean forward's stacked products
+and the quantized embedding's row lookups."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from lookupspec.engine import Engine
 from lookupspec.models import ModelLoadError, load_model
 from lookupspec.params import GenerationParams, SpecParams
 from lookupspec.runtime import prepare_models
-from lookupspec.runtime.cpu_linear import QuantizedLinear
+from lookupspec.runtime.cpu_linear import QuantizedEmbedding, QuantizedLinear
 from lookupspec.runtime.native import matmul
 
 pytestmark = pytest.mark.skipif(
@@ -45,13 +46,14 @@ def test_quantized_weights_give_the_float32_paths_tokens(home, tmp_path, kind):
     logs: list[str] = []
     quant = load_model(str(path), weights="quantized", log=logs.append)
     floats = load_model(str(path), weights="float32", log=logs.append)
-    assert quant.weights == f"quantized ({kind} x 15)"  # 2 layers x 7 linears + the output head
+    assert quant.weights == f"quantized ({kind} x 16)"  # 2 layers x 7 linears, the output head, the embedding
     assert floats.weights == "float"
     assert quant.resident_bytes() < floats.resident_bytes()
     for loaded in (quant, floats):
         prepare_models(loaded.model)
     layers = [m for m in quant.model.modules() if isinstance(m, QuantizedLinear)]
     assert len(layers) == 15 and all(m.kind == kind for m in layers)
+    assert isinstance(quant.model.model.embed_tokens, QuantizedEmbedding)
     want, _ = _tokens(floats.model, SpecParams(enabled=False))
     assert len(want) == 32
     got, _ = _tokens(quant.model, SpecParams(enabled=False))
@@ -71,7 +73,7 @@ def test_float32_and_non_gguf_models_keep_float_weights(home, tmp_path, tiny_mod
     monkeypatch.setenv("LOOKUPSPEC_WEIGHTS", "float32")
     assert load_model(str(path)).weights == "float"
     monkeypatch.setenv("LOOKUPSPEC_WEIGHTS", "auto")
-    assert load_model(str(path)).weights == "quantized (Q4_0 x 15)"
+    assert load_model(str(path)).weights == "quantized (Q4_0 x 16)"
     logs: list[str] = []
     assert load_model(str(tiny_models["tiny-llama"]), weights="quantized", log=logs.append).weights == "float"
     assert any("no GGUF file" in line for line in logs)
@@ -81,3 +83,14 @@ def test_float32_and_non_gguf_models_keep_float_weights(home, tmp_path, tiny_mod
     assert load_model(str(path), weights="quantized", log=logs.append).weights == "float"
     with pytest.raises(ModelLoadError, match="weights must be one of"):
         load_model(str(path), weights="int4")
+
+
+def test_a_pulled_model_keeps_its_gguf_file_and_serves_it_quantized(home, tmp_path):
+    from lookupspec.models import _dequantize_gguf, gguf_source
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", "Q8_0")
+    out = _dequantize_gguf(path, tmp_path / "named", lambda _: None, "tiny", keep_gguf=True)
+    assert (out / "model.gguf").read_bytes() == path.read_bytes()
+    path.unlink()  # the directory serves on its own
+    assert gguf_source(out) == out / "model.gguf"
+    assert load_model(str(out), weights="quantized").weights == "quantized (Q8_0 x 16)"

@@ -53,6 +53,16 @@ def test_products_equal_the_float_kernels_on_the_dequantized_weights(kind, out_f
     assert torch.equal(quant(x[:6].view(2, 3, cols)), floats(x[:6]).view(2, 3, out_features))
 
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_1", "Q6_K"])
+def test_row_lookups_are_rows_of_the_dequantized_weight(kind):
+    raw, cols = _case(kind, 50, 2)
+    quant = QuantWeights.from_gguf(matmul.kernel(), kind, raw, cols)
+    ids = torch.tensor([[0, 49, 17], [16, 15, 17]])
+    assert torch.equal(quant.rows(ids), quant.dense()[ids])
+    with pytest.raises(IndexError):
+        quant.rows(torch.tensor([50]))
+
+
 def test_stacked_layers_equal_their_parts_and_odd_row_counts_do_not_stack():
     lib = matmul.kernel()
     parts = [QuantWeights.from_gguf(lib, "Q4_K", _case("Q4_K", n, 2, seed=n)[0], 512) for n in (64, 32, 32)]

@@ -48,6 +48,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.matmul_quant.restype = None
     lib.matmul_quant_dequant.argtypes = [p, p, p, p, p, p, ctypes.c_int, i64, i64, p]
     lib.matmul_quant_dequant.restype = None
+    lib.matmul_quant_rows.argtypes = [p, p, p, p, p, p, ctypes.c_int, i64, p, i64, p]
+    lib.matmul_quant_rows.restype = None
 
 
 _LIBRARY = LazyLibrary(_SOURCE, _declare, "LOOKUPSPEC_CPU_LINEAR", on="stream", off="onednn",

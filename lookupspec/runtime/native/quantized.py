@@ -186,6 +186,16 @@ class QuantWeights:
                                       self.in_features, out.data_ptr())
         return out
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the dequantized weight, ``[*ids.shape, in_features]``: an embedding lookup."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.out_features):
+            raise IndexError(f"row ids outside [0, {self.out_features})")
+        out = torch.empty(flat.numel(), self.in_features)
+        self.lib.matmul_quant_rows(*self._pointers(), QUANT_TYPES[self.kind][0], self.in_features,
+                                   flat.data_ptr(), flat.numel(), out.data_ptr())
+        return out.reshape(*ids.shape, self.in_features)
+
     @staticmethod
     def stack(parts: list[QuantWeights]) -> QuantWeights | None:
         """The parts as one weight (their rows one after another), or None where they cannot be
