@@ -21,15 +21,17 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "connect": "lookupspec.client",
     "Client": "lookupspec.client",
-    "ClientError": "lookupspec.client",
-    "GenerationRequest": "lookupspec.client",
-    "Lookup": "lookupspec.client",
+    "ClientError": "lookupspec.requests",
+    "GenerationRequest": "lookupspec.requests",
+    "Lookup": "lookupspec.requests",
     "Delta": "lookupspec.client",
     "Result": "lookupspec.client",
     "TextEngine": "lookupspec.text",
     "GenerationParams": "lookupspec.params",
     "SpecParams": "lookupspec.params",
     "LookupScope": "lookupspec.params",
+    "Service": "lookupspec.service",
+    "ServiceConfig": "lookupspec.service",
 }
 
 __all__ = ["__version__", *_EXPORTS]

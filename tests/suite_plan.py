@@ -37,7 +37,7 @@ SLOW_FILES_FIRST = (
     "tools/test_bench_prefix.py",  # ~28
     "kernels/test_verify_kernels.py",  # ~28
     "gateway/test_gateway_redis_outage.py",  # ~28
-    "tools/test_replay_batch.py",  # ~23
+    "tools/test_batched_replay.py",  # ~23
     "engine/test_device_discipline.py",  # ~22
     "gateway/test_gateway_api.py",  # ~22
     "tools/test_replay.py",  # ~19

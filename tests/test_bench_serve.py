@@ -16,14 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lookupspec.benchmarks.http_client import (
-    DONE,
-    StreamedResponse,
-    parse_sse_line,
-    percentile,
-    stream_chat,
-    token_gaps,
-)
+from lookupspec.benchmarks.http_client import StreamedResponse, percentile, stream_chat, token_gaps
 from lookupspec.benchmarks.prompts import KINDS, BenchPrompt, load_prompts
 from lookupspec.benchmarks.serve import PROMPT_SETS, pass_keys
 from lookupspec.benchmarks.serve_load import (
@@ -41,6 +34,7 @@ from lookupspec.benchmarks.serve_load import (
     warmup_prompts,
 )
 from lookupspec.benchmarks.serve_report import count_differences, server_rates, summarize_pass
+from lookupspec.sse import DONE, parse_sse_line
 
 PROMPTS = [BenchPrompt(f"p{i}", "k", ({"role": "user", "content": f"prompt {i}"},)) for i in range(3)]
 

@@ -13,7 +13,7 @@ from lookupspec.cli import run_commands
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench-replay": ("tools.replay", "draft budgets and batch policies on replayed outputs"),
-    "bench-batch": ("tools.batch", "step cost, throughput and exactness of batched decoding"),
+    "bench-batch": ("tools.batched_decoding", "step cost, throughput and exactness of batched decoding"),
     "bench-index": ("tools.index", "lookup-store latency, build speed and memory benchmark"),
     "bench-kernels": ("tools.kernels", "fused verification kernels vs torch twins (CUDA)"),
     "bench-gateway": ("tools.gateway", "HTTP streaming vs in-process throughput and latency"),

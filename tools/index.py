@@ -93,12 +93,12 @@ def _bench_context(rng: Any, size: int, n_lookups: int, budget: float, cfg: Any,
                    chain_cfg: Any) -> dict[str, Any]:
     import numpy as np
 
-    from lookupspec.index import ContextStore
+    from lookupspec.index import ContextIndex
     from tools.index_baselines import hf_prompt_lookup, vllm_ngram
 
     stream = _with_copies(rng, _zipf(rng, size + n_lookups), None, 0.3)
     t0 = time.perf_counter()
-    store = ContextStore(stream[:size])
+    store = ContextIndex(stream[:size])
     build_s = time.perf_counter() - t0
     row: dict[str, Any] = {"context_tokens": size, "build_tokens_per_s": size / build_s,
                            "bytes_per_token": store.memory_bytes() / size}
@@ -154,12 +154,12 @@ def _bench_context(rng: Any, size: int, n_lookups: int, budget: float, cfg: Any,
 def _bench_corpus(rng: Any, size: int, n_lookups: int, cfg: Any, chain_cfg: Any) -> dict[str, Any]:
     import numpy as np
 
-    from lookupspec.index import CorpusStore
+    from lookupspec.index import CorpusIndex
 
     tokens = _with_copies(rng, _zipf(rng, size), None, 0.2)
     doc_len = 1000
     docs = [(f"d{i}", tokens[i * doc_len:(i + 1) * doc_len]) for i in range(size // doc_len)]
-    store = CorpusStore()
+    store = CorpusIndex()
     t0 = time.perf_counter()
     store.add_documents(docs)
     build_s = time.perf_counter() - t0
@@ -184,10 +184,10 @@ def _bench_corpus(rng: Any, size: int, n_lookups: int, cfg: Any, chain_cfg: Any)
 
 
 def _bench_incremental(rng: Any, size: int) -> dict[str, Any]:
-    from lookupspec.index import CorpusStore
+    from lookupspec.index import CorpusIndex
 
     tokens = _zipf(rng, size)
-    store = CorpusStore()
+    store = CorpusIndex()
     t0 = time.perf_counter()
     for i in range(size // 1000):
         store.add_document(f"d{i}", tokens[i * 1000:(i + 1) * 1000])
@@ -198,17 +198,17 @@ def _bench_incremental(rng: Any, size: int) -> dict[str, Any]:
 
 def _bench_compose(rng: Any, n_steps: int, cfg: Any) -> dict[str, Any]:
     from lookupspec.drafting import Composer, LookupDrafter
-    from lookupspec.index import ContextStore, CorpusStore, OutputStore
+    from lookupspec.index import ContextIndex, CorpusIndex, OutputIndex
 
     corpus_tokens = _zipf(rng, 1_000_000)
-    corpus = CorpusStore()
+    corpus = CorpusIndex()
     corpus.add_documents((f"d{i}", corpus_tokens[i * 1000:(i + 1) * 1000]) for i in range(1000))
-    outputs = OutputStore(cap_tokens=1_000_000)
+    outputs = OutputIndex(cap_tokens=1_000_000)
     out_tokens = _with_copies(rng, _zipf(rng, 200_000), corpus_tokens, 0.3)
     for i in range(0, out_tokens.shape[0], 400):
         outputs.append(out_tokens[i:i + 400])
     stream = _with_copies(rng, _zipf(rng, 32_000 + n_steps), corpus_tokens, 0.4)
-    ctx = ContextStore(stream[:32_000])
+    ctx = ContextIndex(stream[:32_000])
     composer = Composer([LookupDrafter((ctx,), cfg, name="context"),
                          LookupDrafter((corpus,), cfg, name="corpus"),
                          LookupDrafter((outputs,), cfg, name="output")])
@@ -226,7 +226,7 @@ def _bench_compose(rng: Any, n_steps: int, cfg: Any) -> dict[str, Any]:
             ctx.extend(stream[32_000 + i:32_000 + i + 1])
     finally:
         gc.enable()
-    return {"setup": "32k context + 1M-token corpus + 200k-token output store, budget 16",
+    return {"setup": "32k context + 1M-token corpus + 200k-token output index, budget 16",
             **_pct(samples), "mean_nodes": nodes / n_steps}
 
 
@@ -281,10 +281,10 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from lookupspec.drafting import Composer
-    from lookupspec.index import ContextStore, CorpusStore, LookupConfig
+    from lookupspec.index import ContextIndex, CorpusIndex, LookupConfig
 
-    ContextStore([1, 2, 1])  # JIT warm-up / numba cache load, outside every timing
-    CorpusStore().add_document("w", [1, 2, 1])
+    ContextIndex([1, 2, 1])  # JIT warm-up / numba cache load, outside every timing
+    CorpusIndex().add_document("w", [1, 2, 1])
     Composer([])
     rng = np.random.default_rng(args.seed)
     cfg = LookupConfig()

@@ -12,7 +12,7 @@ acceptance length and the copy oracle. The budget rules: ``adaptive`` (the engin
 fixed node count N (verify the best N nodes whenever the tree has any).
 
 With ``--batch-sizes`` the outputs are replayed in batches instead
-(:mod:`tools.replay_batch`): B sequences decode in lockstep under continuous
+(:mod:`tools.batched_replay`): B sequences decode in lockstep under continuous
 batching, each step's draft nodes chosen across the batch by a policy (``--policies``: ``joint``, the
 engine's rule; ``fixed:N``; ``off-above:N``, plain decoding above N live sequences), each step's time
 estimated by a step-cost model fitted to steps measured on ``--model`` at ``--cost-contexts``, or
@@ -109,7 +109,8 @@ def replay_prompt(prompt: Sequence[int], output: Sequence[int], engine_parts: di
 
 
 def _engine_parts() -> dict[str, Any]:
-    from lookupspec.adaptive import BudgetPolicy, Exploration, ScoreCalibration
+    from lookupspec.cost import BudgetPolicy
+    from lookupspec.drafting.acceptance import Exploration, ScoreCalibration
     from lookupspec.drafting.session import LookupDrafting
 
     return {"drafting": LookupDrafting(), "calibration": ScoreCalibration(), "policy": BudgetPolicy(),
@@ -117,7 +118,7 @@ def _engine_parts() -> dict[str, Any]:
 
 
 def _parse_costs(text: str) -> np.ndarray:
-    from lookupspec.adaptive import CostModel
+    from lookupspec.cost import CostModel
 
     model = CostModel()
     for item in text.split(","):
@@ -264,7 +265,7 @@ def _check_mode(args: argparse.Namespace, batched: bool) -> None:
 
 
 def _policies(text: str | None) -> list[Any]:
-    from tools.replay_batch import BatchPolicy
+    from tools.batched_replay import BatchPolicy
 
     return [BatchPolicy.parse(p) for p in (text or DEFAULT_POLICIES).split(",") if p.strip()]
 

@@ -1,5 +1,5 @@
 """Step costs for the batched replay: measured step times turned into a fitted
-:class:`~lookupspec.step_cost.StepCostModel`.
+:class:`~lookupspec.cost.StepCostModel`.
 
 Three sources, one result (five coefficients, the model's ``t0 + t_seq B + t_row R + t_kv sum(ctx) +
 t_att sum(rows ctx)``; context terms per thousand cached positions):
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lookupspec.step_cost import StepCostModel, step_features
+from lookupspec.cost import StepCostModel, step_features
 
 __all__ = ["COEFFICIENTS", "CostFit", "CostSample", "cost_model", "fit_coefficients", "measure_samples",
            "parse_coefficients", "samples_from_json"]
@@ -131,7 +131,7 @@ def measure_samples(engine: Any, tokens: Sequence[int], batch_sizes: Sequence[in
                     contexts: Sequence[int], rounds: int) -> list[CostSample]:
     """Step times on ``engine``'s model: every (batch, rows) at each context, over caches holding the
     first ``context`` of ``tokens`` (repeated as needed), with ``bench-batch``'s cost measurement."""
-    from tools.batch import _cost
+    from tools.batched_decoding import _cost
 
     samples = []
     for context in contexts:

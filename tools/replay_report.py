@@ -1,5 +1,5 @@
 """The batched ``bench-replay``: its cost source, the grid of batch sizes x policies, the table and the
-JSON. The replay itself is :mod:`tools.replay_batch`; the cost fit
+JSON. The replay itself is :mod:`tools.batched_replay`; the cost fit
 :mod:`tools.replay_costs`.
 """
 
@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from tools.replay_batch import BatchPolicy, BatchReplay, ReplayItem, replay_batch
+from tools.batched_replay import BatchPolicy, BatchReplay, ReplayItem, replay_batch
 from tools.replay_costs import COEFFICIENTS, CostFit, CostSample, cost_model, fit_coefficients
 
 __all__ = ["batch_rows", "run_batches"]

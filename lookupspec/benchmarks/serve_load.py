@@ -179,7 +179,8 @@ async def _send(http: Any, body: dict[str, Any], headers: Mapping[str, str]) -> 
     try:
         return await stream_chat(http, body, headers=headers)
     except httpx.HTTPError as exc:
-        return StreamedResponse(sent=sent, finished=time.perf_counter(), error=f"{type(exc).__name__}: {exc}")
+        return StreamedResponse(sent=sent, finished=time.perf_counter(),
+                                http_error=f"{type(exc).__name__}: {exc}")
 
 
 def cpu_times(stat: str | None = None) -> tuple[int, int] | None:

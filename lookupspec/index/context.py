@@ -1,4 +1,4 @@
-"""The context store: one per request, the prompt plus every token generated so far.
+"""The context index: one per request, the prompt plus every token generated so far.
 
 Structure: **one exact hash chain per n-gram length** ``L = 1..max_ngram`` (hash chains as in LZ77
 match finders, but per length so that the head of a chain is always the most recent occurrence of
@@ -39,11 +39,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from lookupspec.warmup import warm_context_index
+
 from .lookup import Continuations, LookupConfig, as_tokens, continuations_from, tail_array
-from .serialize import CorruptStoreError, pack, unpack
+from .serialize import CorruptIndexError, pack, unpack
 from .tree import OUT_ROWS, expand_tree, workspace_size
 
-__all__ = ["ContextStore"]
+__all__ = ["ContextIndex"]
 
 _SEED = np.uint64(0x9E3779B97F4A7C15)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -215,7 +217,7 @@ def _next_pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 1).bit_length()
 
 
-class ContextStore:
+class ContextIndex:
     """Token ids of one request; ``extend`` as tokens are accepted, ``lookup`` each step.
 
     Not thread-safe: one request, one thread (the engine's decode loop).
@@ -232,7 +234,7 @@ class ContextStore:
         self._prev = np.empty((self._a, 64), np.int32)  # [max_ngram, capacity]
         self._set_table(np.full((self._a, 128), -1, np.int32))  # [max_ngram, table size (power of 2)]
         self._ws = np.empty(0, np.int64)  # lookup scratch
-        _warmup()
+        warm_context_index()  # compile (or load) the kernels now, not mid-request
         if tokens is not None:
             self.extend(tokens)
 
@@ -283,7 +285,7 @@ class ContextStore:
 
     def lookup_into(self, tail: np.ndarray, cfg: LookupConfig, out: np.ndarray,
                     at: int) -> tuple[int, int, int]:
-        """``lookup`` writing the tree to ``out`` [5, >= at + max_nodes] int64 (see ``TokenStore``)."""
+        """``lookup`` writing the tree to ``out`` [5, >= at + max_nodes] int64 (see ``TokenIndex``)."""
         tail = tail_array(tail)
         if self._n < 2 or tail.shape[0] == 0:
             return 0, 0, 0
@@ -302,31 +304,11 @@ class ContextStore:
         return pack(self._FORMAT_KIND, {"max_ngram": self._a, "n": self._n}, [self._tok[: self._n]])
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> ContextStore:
+    def from_bytes(cls, data: bytes) -> ContextIndex:
         meta, arrays = unpack(data, cls._FORMAT_KIND, ["int32"])
         a = meta.get("max_ngram")
         if not isinstance(a, int) or not 1 <= a <= _MAX_NGRAM or meta.get("n") != arrays[0].shape[0]:
-            raise CorruptStoreError("context store: bad metadata")
+            raise CorruptIndexError("context index: bad metadata")
         if arrays[0].size and int(arrays[0].min()) < 0:
-            raise CorruptStoreError("context store: negative token id")
+            raise CorruptIndexError("context index: negative token id")
         return cls(arrays[0], max_ngram=a)
-
-
-_WARM = False
-
-
-def _warmup() -> None:
-    """Compile (or load from the numba cache) every kernel once, at construction, not mid-request."""
-    global _WARM
-    if _WARM:
-        return
-    _WARM = True
-    s = ContextStore.__new__(ContextStore)
-    s._a, s._n = 2, 0
-    s._tok = np.empty(8, np.int32)
-    s._prev = np.empty((2, 8), np.int32)
-    s._set_table(np.full((2, 16), -1, np.int32))
-    s._ws = np.empty(0, np.int64)
-    s.extend(np.array([1, 2, 1, 2, 3, 1], np.int32))
-    s.lookup(np.array([1, 2], np.int32), LookupConfig(max_match=4, max_depth=4))
-    s.extend(np.arange(20, dtype=np.int32))  # rehash

@@ -4,7 +4,7 @@ The engine hands the runner token ids and tree structure; the runner owns everyt
 the target model: the attention implementation it is switched to, the lean forward where the
 architecture allows one, the KV :class:`~lookupspec.runtime.kvpool.SlotPool`, device and dtype.
 
-- ``forward(seqs, keep)`` runs a ragged batch (:mod:`lookupspec.runtime.batch`): every sequence's
+- ``forward(seqs, keep)`` runs a ragged batch (:mod:`lookupspec.runtime.ragged`): every sequence's
   rows (root + draft nodes, one token, or a chunk of a prompt) in one forward, each attending only to
   its own cache. Logits come back in one ``[rows, vocab]`` tensor, or only those of the rows in
   ``keep`` (a prompt chunk needs its last row's: the LM head over a 128-row chunk would cost a third
@@ -34,7 +34,7 @@ When a runner is built it checks itself against the model (:meth:`ModelRunner._p
    count.
 3. chunk invariance: a prompt prefilled whole and in uneven chunks, then one decode row, must give
    bit-identical logits. It holds where every op is row-wise invariant and attention computes a row
-   by its position alone (:mod:`.cpu_attention`'s kernel); SDPA's chunk-after-cache path does not.
+   by its position alone (:mod:`.native.attention`'s kernel); SDPA's chunk-after-cache path does not.
    Where it holds (``chunk_invariant``), the scheduler may size prompt chunks by the load without
    changing a token.
 """
@@ -52,9 +52,9 @@ import torch
 from lookupspec.kernels import HostStage
 
 from .attention import active_batch, unplanned_sdpa, use_runtime_attention
-from .batch import RaggedBatch, SeqRows
 from .kvpool import LayerSpec, PoolFull, SlotPool
 from .lean import LeanForward
+from .ragged import RaggedBatch, SeqRows
 
 __all__ = ["ModelRunner", "RuntimeUnsupported", "layer_specs", "prepare_models"]
 
@@ -284,9 +284,9 @@ class ModelRunner:
         finally:
             for slot in slots.values():
                 self.free(slot)
-        from . import cpu_attention
+        from .native import attention as native_attention
 
-        native = self.device.type == "cpu" and cpu_attention.kernel() is not None
+        native = self.device.type == "cpu" and native_attention.kernel() is not None
         self._chunk_probe = (bool(self.batch_invariant) and self._chunking_changes_nothing(
             ids(max(2, min(40, self.context_window - 2))), ids(1)), native)
 
@@ -295,10 +295,10 @@ class ModelRunner:
         """Whether the probe found the forward chunk-invariant (module docstring, check 3), with the
         attention in force now: a probe passed with the native CPU attention no longer holds once
         ``LOOKUPSPEC_CPU_ATTENTION=sdpa`` switches it off. False for a runner built unchecked."""
-        from . import cpu_attention
+        from .native import attention as native_attention
 
         invariant, native = self._chunk_probe
-        return invariant and (not native or cpu_attention.kernel() is not None)
+        return invariant and (not native or native_attention.kernel() is not None)
 
     def _chunking_changes_nothing(self, prompt: list[int], token: list[int]) -> bool:
         """Whether ``prompt`` prefilled whole and in three uneven chunks gives the same bits: the last

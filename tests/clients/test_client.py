@@ -103,7 +103,7 @@ def _wait_for_outputs(client, gateway, count: int) -> None:
 
 def test_both_clients_plan_lookup_scope_and_output_appends_the_same_way(client, tiny_gateway) -> None:
     """One planning path (lookupspec.planning) for both: the output of a request that did not
-    speculate still feeds later requests; the output store and inline documents are used only when
+    speculate still feeds later requests; the output index and inline documents are used only when
     speculating with their source."""
     prompt = f"Planning rules seen by {type(client).__name__}: one, two,"
     plain = GenerationRequest(prompt=prompt, max_tokens=24, lookup=Lookup(enabled=False))
@@ -186,5 +186,5 @@ def test_a_closed_local_client_refuses_requests_and_starts_no_scheduler(local_cl
     with pytest.raises(ClientError) as err:
         c.complete(GenerationRequest(prompt="After", max_tokens=2))
     assert err.value.status == 503 and err.value.code == "shutting_down"
-    assert c._sched is None
+    assert not c.service.worker_alive  # closing started no new scheduler
     c.close()  # closing twice is harmless

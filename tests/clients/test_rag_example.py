@@ -83,7 +83,7 @@ def test_a_second_server_on_the_gateways_data_directory_is_told_who_holds_it_and
     """A second `lookupspec serve` on a data directory that a running server holds (one started next
     to `make serve`, say) stops, and the store's error, which `serve` prints as `error: ...`, says
     which process, on which port, holds the data directory, and how to use another one."""
-    from lookupspec.gateway.store import EmbeddedConfig, EmbeddedLog, StoreLockedError
+    from lookupspec.store import EmbeddedConfig, EmbeddedLog, StoreLockedError
 
     with pytest.raises(StoreLockedError) as caught:
         EmbeddedLog(EmbeddedConfig(tiny_gateway.data_dir))
