@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lookupspec.gateway.store import RedisLog, Store, StoreState, open_store
-from lookupspec.gateway.store.records import AddDocument, AppendOutput, DeleteDocument
 from redis_harness import RedisServer
+
+from lookupspec.store import RedisLog, Store, StoreState, open_store
+from lookupspec.store.records import AddDocument, AppendOutput, DeleteDocument
 
 DOCS = 10  # document ids the churn replaces over and over
 
@@ -62,8 +63,8 @@ CHILD = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     import numpy as np
-    from lookupspec.gateway.store import open_store
-    from lookupspec.gateway.store import embedded as emb, redis_backend as rb
+    from lookupspec.store import open_store
+    from lookupspec.store import embedded as emb, redis_backend as rb
 
     backend, where, data_dir, url, prefix = sys.argv[1:6]
 
