@@ -19,7 +19,6 @@ _TYPES = {
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
-    431: "invalid_request_error",
     429: "rate_limit_error",
     431: "invalid_request_error",
     500: "server_error",
