@@ -100,7 +100,8 @@ def _check_json(tokenizer, tokens, finish, schema: dict | None) -> None:
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 @pytest.mark.parametrize("sampling", list(SAMPLINGS), ids=list(SAMPLINGS))
 @pytest.mark.parametrize("option", ["schema", "json_object", "penalties", "bias", "min_tokens", "all"])
-def test_speculation_on_and_off_give_the_same_tokens(tiny_loaded, tokenizer, compiler, option, sampling, shape):
+def test_speculation_on_and_off_give_the_same_tokens(tiny_loaded, tokenizer, compiler, option, sampling,
+                                                      shape):
     stop = _early_stop(tiny_loaded.model, SAMPLINGS[sampling]) if option == "min_tokens" else ()
     params = _params(_options(compiler)[option], SAMPLINGS[sampling], stop=stop)
     plain_eng = Engine(tiny_loaded.model, lookup=ScriptedDrafting([], "none", 512))
@@ -113,7 +114,8 @@ def test_speculation_on_and_off_give_the_same_tokens(tiny_loaded, tokenizer, com
         assert steps[-1].stats.accepted_tokens > 0  # drafts were really accepted
         assert len(steps) < len(plain)
     if option in ("schema", "json_object", "all"):
-        _check_json(tokenizer, plain, plain_steps[-1].finish_reason, SCHEMA if option != "json_object" else None)
+        schema = SCHEMA if option != "json_object" else None
+        _check_json(tokenizer, plain, plain_steps[-1].finish_reason, schema)
     if option == "min_tokens":
         assert stop[0] not in plain[:11] and len(plain) >= 12
 
@@ -146,7 +148,7 @@ def test_grammar_prunes_drafts_before_the_forward(tiny_loaded, compiler):
 
 @pytest.mark.parametrize("sampling", list(SAMPLINGS), ids=list(SAMPLINGS))
 def test_batch_of_eight_mixed_options_equals_each_alone(tiny_loaded, compiler, sampling):
-    opts = list(_options(compiler).values()) + [LogitsParams(), LogitsParams(logprobs=2)]
+    opts = [*_options(compiler).values(), LogitsParams(), LogitsParams(logprobs=2)]
     prompts = [[40 + 3 * j + k for k in range(30 + j)] for j in range(8)]
     params = [_params(opts[j], SAMPLINGS[sampling], 32) for j in range(8)]
     plain_eng = Engine(tiny_loaded.model, lookup=ScriptedDrafting([], "none", 512))
