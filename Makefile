@@ -95,7 +95,7 @@ test-fast: install-test
 
 lint: install-test
 	$(BIN)/ruff check .
-	$(BIN)/mypy lookupspec kernels gateway
+	$(BIN)/mypy lookupspec kernels gateway tools
 
 # The engine benchmark on the default prompts (all four kinds, 128 new tokens, SmolLM2, greedy);
 # ~30 min on two cores. BENCH_ARGS="--limit 8" for a quick look.

@@ -7,5 +7,5 @@ events, ticket), ``service`` (bounded queue + the one generation worker), ``stre
 responses), ``indexes`` (this replica's lookup stores, following the shared ``store``), ``auth`` /
 ``middleware`` (API keys -> namespaces, admission by phase, body limit, request counts),
 ``unknown_fields`` (bounded logging of unknown request fields), ``metrics``, ``errors``, ``config``.
-Nothing is imported here, so ``lookupspec.gateway.store`` stays importable without FastAPI or torch.
+Nothing is imported here, so ``lookupspec.store`` stays importable without FastAPI or torch.
 """

@@ -2,7 +2,7 @@
 
 ``build_app(lifecycle, ...)`` serves a replica whose service may still be loading (``lookupspec serve``
 binds first, then builds the service on a thread and hands it to the ``Lifecycle``);
-``create_app(service)`` serves an already built ``GatewayService`` (engine + store + indexes);
+``create_app(service)`` serves an already built ``Service`` (engine + store + indexes);
 ``build_service`` builds one from a loaded ``TextEngine`` and an opened store. The worker thread
 starts with the service and stops with the app (lifespan), after the drain (``lifecycle``).
 """
@@ -11,33 +11,26 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import fields
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from lookupspec import __version__
+from lookupspec.service.config import ServiceConfig
+from lookupspec.service.metrics import ServiceMetrics
+from lookupspec.service.service import Service, build_service
+from lookupspec.store import Store
 
 from . import routes_documents, routes_openai, routes_ops
 from .auth import Authenticator
 from .config import GatewayConfig
 from .errors import install_error_handlers
-from .indexes import IndexRegistry
 from .lifecycle import Lifecycle
-from .metrics import GatewayMetrics
 from .middleware import AdmissionMiddleware, AuthMiddleware, BodyLimitMiddleware, RequestMetricsMiddleware
-from .service import GatewayService
-from .store import Store
 
 __all__ = ["build_app", "build_service", "create_app"]
-
-
-def build_service(text_engine: Any, store: Store, config: GatewayConfig) -> GatewayService:
-    """A service over ``store``, whose indexes follow the store from now on. ``store`` may be started
-    already (its state is replayed into the indexes) or not (then start it after this)."""
-    indexes = IndexRegistry(output_cap_tokens=config.output_cap_tokens)
-    store.subscribe(indexes, replay_existing=True)
-    return GatewayService(text_engine, store, indexes, config)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -58,7 +51,7 @@ def build_app(lifecycle: Lifecycle, *, auth: Authenticator, max_body_bytes: int,
               drain_timeout_s: float = 30.0, store: Store | None = None) -> FastAPI:
     """The app serving ``lifecycle``'s service (which may arrive later). ``store`` is closed when
     the app stops, after the service (so outputs appended at the end still reach it)."""
-    loading_metrics = GatewayMetrics()  # counts requests until the service (and its metrics) exist
+    loading_metrics = ServiceMetrics()  # counts requests until the service (and its metrics) exist
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -88,10 +81,14 @@ def build_app(lifecycle: Lifecycle, *, auth: Authenticator, max_body_bytes: int,
     return app
 
 
-def create_app(service: GatewayService, *, close_store: bool = False) -> FastAPI:
-    """The app serving an already built ``service``. With ``close_store`` the store is closed when
-    the app stops."""
-    config = service.config
+def create_app(service: Service, config: GatewayConfig | None = None, *,
+               close_store: bool = False) -> FastAPI:
+    """The app serving an already built ``service``; ``config``: the HTTP side (None: the service's
+    own config when it is a ``GatewayConfig``, else no authentication and the default limits). With
+    ``close_store`` the store is closed when the app stops."""
+    if config is None:
+        config = service.config if isinstance(service.config, GatewayConfig) else \
+            GatewayConfig(**{f.name: getattr(service.config, f.name) for f in fields(ServiceConfig)})
     return build_app(Lifecycle(service), auth=Authenticator.from_config(config),
                      max_body_bytes=config.limits.max_body_bytes, drain_timeout_s=config.drain_timeout_s,
                      store=service.store if close_store else None)

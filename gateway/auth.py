@@ -51,6 +51,11 @@ class Authenticator:
         return cls(config.api_keys, default_namespace=config.default_namespace, admin_key=config.admin_key)
 
     @property
+    def default_namespace(self) -> str:
+        """The namespace of every caller when no API keys are configured."""
+        return self._default
+
+    @property
     def required(self) -> bool:
         return bool(self._keys)
 

@@ -8,13 +8,15 @@ or a dead engine is a 5xx.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lookupspec.service.errors import ServiceError, bad_request, error_body, not_found, too_large
 
 __all__ = [
     "APIError",
@@ -23,59 +25,17 @@ __all__ = [
     "install_error_handlers",
     "not_found",
     "param_from_loc",
+    "response",
     "too_large",
 ]
 
 log = logging.getLogger(__name__)
 
-_TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "server_error",
-    504: "server_error",
-}
+APIError = ServiceError  # the gateway's name for the service's error
 
 
-class APIError(Exception):
-    """An error response: raise it anywhere in a request's path; the handler renders it."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-        self.headers = dict(headers or {})
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-def not_found(message: str, param: str | None = None, code: str = "not_found") -> APIError:
-    return APIError(404, message, param=param, code=code)
-
-
-def too_large(message: str, param: str | None = None) -> APIError:
-    return APIError(413, message, param=param, code="payload_too_large")
-
+def response(error: ServiceError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 def param_from_loc(loc: Sequence[Any]) -> str | None:
     """A pydantic error location -> OpenAI's param: ("body", "messages", 0, "content") ->
@@ -98,7 +58,7 @@ def param_from_loc(loc: Sequence[Any]) -> str | None:
 
 async def _api_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return exc.response()
+    return response(exc)
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
@@ -118,7 +78,7 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
         message = f"invalid value for {param!r}: {msg}" if param else f"invalid request body: {msg}"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more error(s))"
-    return APIError(400, message, param=param, code="invalid_value").response()
+    return response(APIError(400, message, param=param, code="invalid_value"))
 
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:
@@ -127,13 +87,13 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     message = exc.detail if isinstance(exc.detail, str) else "request failed"
     if exc.status_code == 404 and message == "Not Found":
         message = "no such route"
-    return APIError(exc.status_code, message, code=codes.get(exc.status_code),
-                    headers=dict(exc.headers or {})).response()
+    return response(APIError(exc.status_code, message, code=codes.get(exc.status_code),
+                    headers=dict(exc.headers or {})))
 
 
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
-    return APIError(500, "internal server error", code="internal_error").response()
+    return response(APIError(500, "internal server error", code="internal_error"))
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -25,7 +25,7 @@ import asyncio
 import threading
 from typing import Literal
 
-from .service import GatewayService
+from lookupspec.service.service import Service
 
 __all__ = ["Lifecycle", "Phase"]
 
@@ -35,7 +35,7 @@ Phase = Literal["loading", "ready", "draining", "stopped", "failed"]
 class Lifecycle:
     """Thread-safe: the loader thread calls ``set_ready`` / ``fail``, the event loop the rest."""
 
-    def __init__(self, service: GatewayService | None = None) -> None:
+    def __init__(self, service: Service | None = None) -> None:
         """With a ``service`` (built already): ready at once. Without: loading until ``set_ready``."""
         self._lock = threading.Lock()
         self._service = service
@@ -45,7 +45,7 @@ class Lifecycle:
         self.inflight = 0  # /v1 requests being answered; only touched on the event loop
 
     @property
-    def service(self) -> GatewayService | None:
+    def service(self) -> Service | None:
         return self._service
 
     def start(self) -> None:
@@ -53,7 +53,7 @@ class Lifecycle:
         if self._service is not None:
             self._service.start()
 
-    def set_ready(self, service: GatewayService) -> bool:
+    def set_ready(self, service: Service) -> bool:
         """The loader built ``service``: start it and take traffic. False (service not started) when
         the replica was stopped meanwhile; the caller then closes the service."""
         with self._lock:

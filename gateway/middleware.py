@@ -13,10 +13,11 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from lookupspec.service.metrics import ServiceMetrics
+
 from .auth import Authenticator
 from .errors import APIError
 from .lifecycle import Lifecycle
-from .metrics import GatewayMetrics
 
 __all__ = ["AdmissionMiddleware", "AuthMiddleware", "BodyLimitMiddleware", "RequestMetricsMiddleware"]
 
@@ -147,7 +148,7 @@ class BodyLimitMiddleware:
 class RequestMetricsMiddleware:
     """Counts answered requests by endpoint and status code."""
 
-    def __init__(self, app: ASGIApp, metrics: Callable[[], GatewayMetrics]) -> None:
+    def __init__(self, app: ASGIApp, metrics: Callable[[], ServiceMetrics]) -> None:
         self.app = app
         self.metrics = metrics
 

@@ -1,80 +1,26 @@
-"""From a validated request body to a ``GenerationJob``: tokenize, check the context window, resolve
-the ``lookup`` object into ``SpecParams`` and a ``LookupScope``.
-
-Everything that can be wrong with a request is found here, before it is queued, and raised as a
-4xx ``APIError`` naming the offending ``param``; the worker only ever sees jobs the engine accepts.
-Cheap checks come first: the number of choices, then a byte bound that refuses a prompt text too
-long to fit the window before it is tokenized (``lookupspec.prompt_bound``), then tokenizing, the
-window, and the ``lookup`` options (``lookupspec.planning``, shared with the in-process client).
-This runs on a thread-pool thread (tokenizing a long prompt, or indexing inline documents, is
-blocking work), never on the event loop.
-
-Choices: a request with P prompts and ``n`` gets P * n choices, choice ``p * n + j`` being the
-j-th sample of prompt p (OpenAI's order). With a ``seed``, sample j uses ``seed + j``, so the n
-samples differ but the whole response is reproducible and choice 0 equals an in-process
-generation with the same seed.
-"""
+"""A validated request body -> the service's ``JobRequest``, planned by ``lookupspec.service.planning``
+(the one planning path the in-process client takes too)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from typing import Any
+from lookupspec.service.jobs import GenerationJob
+from lookupspec.service.planning import JobRequest, Lookup, plan
+from lookupspec.service.service import Service
 
-from lookupspec.params import SpecParams
-from lookupspec.planning import PlanError, UnknownCollection, plan_lookup
-
-from .errors import APIError, bad_request, too_large
-from .jobs import ChoicePlan, GenerationJob
 from .protocol import ChatCompletionRequest, CompletionRequest, LookupOptions
-from .service import GatewayService
 
 __all__ = ["plan_chat", "plan_completion"]
 
-_SEED_MOD = 2**63
+
+def _lookup(options: LookupOptions | None) -> Lookup:
+    if options is None:
+        return Lookup()
+    return Lookup(enabled=options.enabled, collections=tuple(options.collections),
+                  documents=tuple(options.documents), max_draft_tokens=options.max_draft_tokens,
+                  sources=None if options.sources is None else tuple(options.sources))
 
 
-def _context_error(prompt_len: int, max_tokens: int | None, window: int, field: str) -> APIError:
-    if max_tokens is None:
-        return APIError(400, f"this model's maximum context length is {window} tokens; the prompt has "
-                             f"{prompt_len} tokens, leaving no room for the completion",
-                        param="input_tokens", code="context_length_exceeded")
-    return APIError(400, f"this model's maximum context length is {window} tokens; the prompt has "
-                         f"{prompt_len} tokens and {field} asks for {max_tokens} more "
-                         f"(at most {window - prompt_len} fit)",
-                    param=field, code="context_length_exceeded")
-
-
-def _check_bytes(service: GatewayService, text: str) -> None:
-    """Refuse, before tokenizing, a prompt text too long to fit the window whatever its tokens
-    (``lookupspec.prompt_bound``: no prompt that fits is refused)."""
-    bound = service.text_engine.prompt_bound
-    if bound is None:
-        return
-    window = service.context_window
-    limit = bound.limit(window)
-    if len(text) > limit and bound.countable_bytes(text) > limit:  # characters <= bytes: a cheap pre-test
-        raise APIError(400, f"this model's maximum context length is {window} tokens; the prompt has "
-                            f"more than {limit} bytes, more than {window - 1} tokens of at most "
-                            f"{bound.bytes_per_token} bytes each can hold",
-                       param="input_tokens", code="context_length_exceeded")
-
-
-def _check_ids(ids: Sequence[int], vocab_size: int, param: str) -> tuple[int, ...]:
-    if not ids:
-        raise bad_request("the prompt must contain at least one token", param)
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param)
-    return tuple(int(t) for t in ids)
-
-
-def _encode_text(service: GatewayService, text: str) -> list[int]:
-    _check_bytes(service, text)
-    return service.text_engine.encode_text(text, add_special_tokens=True)
-
-
-def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, str]]:
+def _messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
     out = []
     for m in req.messages:
         # content parts: only text parts exist for this model
@@ -83,122 +29,20 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, str]]:
     return out
 
 
-def _lookup(service: GatewayService, namespace: str, lookup: LookupOptions | None) -> tuple[SpecParams, Any]:
-    """The request's ``lookup`` options -> (SpecParams, LookupScope) by the one planning path the
-    in-process client uses too (``lookupspec.planning``); the inline-document limits are the
-    gateway's own and are checked first."""
-    lk = lookup or LookupOptions()
-    limits = service.config.limits
-    if len(lk.documents) > limits.max_inline_documents:
-        raise too_large(f"at most {limits.max_inline_documents} inline documents per request",
-                        "lookup.documents")
-    if sum(len(d.encode()) for d in lk.documents) > limits.max_inline_bytes:
-        raise too_large(f"inline documents are limited to {limits.max_inline_bytes} bytes in all",
-                        "lookup.documents")
-
-    def collection(name: str) -> Any:
-        # The store's state is the authority on existence; a collection whose documents were all
-        # deleted exists but has no index here.
-        if service.store.state.get_collection(namespace, name) is None:
-            raise UnknownCollection(name)
-        return service.indexes.corpus(namespace, name)
-
-    base: SpecParams = getattr(service.engine, "default_spec", None) or SpecParams()
-    try:
-        plan = plan_lookup(base, enabled=lk.enabled, collections=lk.collections, documents=lk.documents,
-                           max_draft_tokens=lk.max_draft_tokens, sources=lk.sources, collection=collection,
-                           inline_corpus=service.text_engine.corpus_from_texts,
-                           output=service.indexes.output(namespace))
-    except PlanError as exc:
-        raise APIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
-    return plan.spec, plan.scope
-
-
-def _check_choices(service: GatewayService, prompts: int, n: int) -> None:
-    limit = service.config.limits.max_choices
-    if prompts > limit:
-        raise bad_request(f"{prompts} prompts exceed the limit of {limit} choices per request", "prompt")
-    if prompts * n > limit:
-        raise bad_request(f"{prompts} prompt(s) x n={n} exceeds the limit of {limit} choices per request",
-                          "n")
-
-
-def _sampling_param(message: str) -> str | None:
-    name = message.split(" ", 1)[0]  # "top_p must be in (0, 1], got 0" -> "top_p"
-    return name if name in {"max_tokens", "temperature", "top_k", "top_p", "seed"} else None
-
-
-def _plan(service: GatewayService, req: CompletionRequest | ChatCompletionRequest, namespace: str,
-          prompts: list[tuple[int, ...]], max_tokens: int | None, max_field: str,
-          arrived: float) -> GenerationJob:
-    window = service.context_window
-    n = req.n if req.n is not None else 1
-    share = service.kv_slot_positions
-    for ids in prompts:
-        if len(ids) >= window:
-            raise _context_error(len(ids), None, window, max_field)
-        if share is not None and len(ids) >= share:
-            raise APIError(400, f"the prompt has {len(ids)} tokens; this server's KV cache (--kv-cache-mb) "
-                                f"gives each sequence {share} positions, for the prompt and at least one "
-                                f"generated token", param="input_tokens", code="context_length_exceeded")
-        if max_tokens is not None and len(ids) + max_tokens > window:
-            raise _context_error(len(ids), max_tokens, window, max_field)
-    spec, scope = _lookup(service, namespace, req.lookup)  # after the cheap checks: it may index text
-    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    temperature = 1.0 if req.temperature is None else req.temperature
-    top_p = 1.0 if req.top_p is None else req.top_p
-    top_k = max(req.top_k or 0, 0)
-    choices = []
-    for p, ids in enumerate(prompts):
-        budget = max_tokens if max_tokens is not None else window - len(ids)
-        for j in range(n):
-            seed = None if req.seed is None else (req.seed + j) % _SEED_MOD
-            try:
-                params = service.text_engine.params(max_tokens=budget, temperature=temperature,
-                                                    top_p=top_p, top_k=top_k, seed=seed)
-            except ValueError as exc:
-                raise bad_request(str(exc), _sampling_param(str(exc))) from None
-            choices.append(ChoicePlan(p * n + j, ids, params))
-    timeout = service.config.request_timeout_s
-    return GenerationJob(namespace, tuple(choices), sum(len(ids) for ids in prompts), stop, spec, scope,
-                         arrived, arrived + timeout)
-
-
-def plan_completion(service: GatewayService, req: CompletionRequest, namespace: str,
+def plan_completion(service: Service, req: CompletionRequest, namespace: str,
                     arrived: float | None = None) -> GenerationJob:
-    arrived = time.perf_counter() if arrived is None else arrived
-    vocab = service.engine.vocab_size
-    raw = req.prompt
-    if not isinstance(raw, str) and not raw:
-        raise bad_request("the prompt must not be empty", "prompt")
-    single = isinstance(raw, str) or all(isinstance(x, int) for x in raw)
-    # before tokenizing: every prompt costs CPU
-    _check_choices(service, 1 if single else len(raw), req.n if req.n is not None else 1)
-    if isinstance(raw, str):
-        prompts = [_check_ids(_encode_text(service, raw), vocab, "prompt")]
-    elif single:
-        prompts = [_check_ids(raw, vocab, "prompt")]  # type: ignore[arg-type]
-    elif all(isinstance(x, str) for x in raw):
-        prompts = [_check_ids(_encode_text(service, x), vocab, f"prompt[{i}]")  # type: ignore[arg-type]
-                   for i, x in enumerate(raw)]
-    else:
-        prompts = [_check_ids(x, vocab, f"prompt[{i}]") for i, x in enumerate(raw)]  # type: ignore[arg-type]
-    return _plan(service, req, namespace, prompts, req.max_tokens, "max_tokens", arrived)
+    job = JobRequest(prompt=req.prompt, max_tokens=req.max_tokens, n=req.n, temperature=req.temperature,
+                     top_p=req.top_p, top_k=req.top_k, seed=req.seed, stop=req.stop,
+                     lookup=_lookup(req.lookup))
+    return plan(service, job, namespace, arrived)
 
 
-def plan_chat(service: GatewayService, req: ChatCompletionRequest, namespace: str,
+def plan_chat(service: Service, req: ChatCompletionRequest, namespace: str,
               arrived: float | None = None) -> GenerationJob:
-    arrived = time.perf_counter() if arrived is None else arrived
-    _check_choices(service, 1, req.n if req.n is not None else 1)
-    try:
-        text = service.text_engine.chat_text(_message_dicts(req))
-    except Exception as exc:  # no chat template, or the template rejects these messages
-        raise bad_request(f"cannot render the messages with the model's chat template: {exc}",
-                          "messages") from None
-    _check_bytes(service, text)
-    ids = service.text_engine.encode_text(text, add_special_tokens=False)
-    prompt = _check_ids(ids, service.engine.vocab_size, "messages")
     use_new = req.max_completion_tokens is not None
-    max_tokens = req.max_completion_tokens if use_new else req.max_tokens
-    field = "max_completion_tokens" if use_new else "max_tokens"
-    return _plan(service, req, namespace, [prompt], max_tokens, field, arrived)
+    job = JobRequest(messages=_messages(req),
+                     max_tokens=req.max_completion_tokens if use_new else req.max_tokens,
+                     max_tokens_field="max_completion_tokens" if use_new else "max_tokens",
+                     n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+                     stop=req.stop, lookup=_lookup(req.lookup))
+    return plan(service, job, namespace, arrived)

@@ -1,9 +1,8 @@
 """The documents API: collections of documents a namespace drafts from.
 
-Writes go through the shared store (one record per document, one batch per upload: one fsync or one
-Redis round trip); the store applies them to its state, whose hooks update this replica's indexes
-before the response is sent, so a request that follows the upload drafts from it. Other replicas
-apply the same records when they read them from Redis (typically within milliseconds).
+Uploads go through the service (``lookupspec.service.documents``), whose indexes are updated before
+the response is sent, so a request that follows the upload drafts from it. Other replicas apply the
+same records when they read them from Redis (typically within milliseconds).
 Reads come from the store's state and never touch the network. They are rendered with the standard
 JSON encoder rather than through the response models (which document them): pydantic's encoder
 refuses values nested ~255 levels deep, and a record stored before metadata was bounded
@@ -21,8 +20,16 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from lookupspec.service.documents import Document, append
+from lookupspec.service.documents import add_documents as add_to_collection
+from lookupspec.store import (
+    AddDocument,
+    DeleteCollection,
+    DeleteDocument,
+)
+
 from .config import NAME_PATTERN
-from .errors import APIError, bad_request, not_found, too_large
+from .errors import not_found
 from .protocol import (
     MAX_METADATA_DEPTH,
     CollectionDeleted,
@@ -35,16 +42,6 @@ from .protocol import (
     metadata_depth,
 )
 from .routing import ERRORS, namespace, service_of
-from .service import GatewayService
-from .store import (
-    AddDocument,
-    AppendAck,
-    BufferFullError,
-    DeleteCollection,
-    DeleteDocument,
-    Record,
-    StoreError,
-)
 
 __all__ = ["router"]
 
@@ -71,41 +68,12 @@ def _metadata_out(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return plain
 
 
-def _append(service: GatewayService, records: list[Record]) -> list[AppendAck]:
-    try:
-        return service.store.append_many(records)
-    except BufferFullError as exc:
-        raise APIError(503, f"the shared store is unreachable and this replica's write buffer is full: "
-                            f"{exc}", code="store_unavailable", headers={"Retry-After": "5"}) from None
-    except StoreError as exc:
-        raise APIError(503, f"the shared store rejected the write: {exc}", code="store_unavailable",
-                       headers={"Retry-After": "5"}) from None
-
-
-def _build_records(service: GatewayService, ns: str, name: str, body: DocumentsUpload) -> list[Record]:
-    tokenized = service.text_engine.corpus_documents([(doc.id, doc.text) for doc in body.documents])
-    return [AddDocument(ns, name, doc.id, doc.text, ids, doc.metadata)
-            for doc, (_, ids) in zip(body.documents, tokenized, strict=True)]
-
-
 @router.post("/v1/collections/{name}/documents", response_model=DocumentsAdded,
              responses=ERRORS(400, 401, 413, 503))
 async def add_documents(request: Request, name: CollectionName, body: DocumentsUpload, ns: Namespace) -> Any:
     """Add (or replace, by id) a batch of documents; the collection is created on first use."""
-    service = service_of(request)
-    limits = service.config.limits
-    if len(body.documents) > limits.max_documents_per_request:
-        raise too_large(f"at most {limits.max_documents_per_request} documents per request", "documents")
-    seen: set[str] = set()
-    for i, doc in enumerate(body.documents):
-        if len(doc.text.encode()) > limits.max_document_bytes:
-            raise too_large(f"document {doc.id!r} is over the limit of {limits.max_document_bytes} bytes",
-                            f"documents[{i}].text")
-        if doc.id in seen:
-            raise bad_request(f"document id {doc.id!r} appears twice in this batch", f"documents[{i}].id")
-        seen.add(doc.id)
-    records = await run_in_threadpool(_build_records, service, ns, name, body)
-    acks = await run_in_threadpool(_append, service, records)
+    documents = [Document(doc.id, doc.text, doc.metadata) for doc in body.documents]
+    records, acks = await run_in_threadpool(add_to_collection, service_of(request), ns, name, documents)
     return JSONResponse({
         "object": "collection.documents",
         "collection": name,
@@ -154,7 +122,7 @@ async def delete_document(request: Request, name: CollectionName, doc_id: Docume
     service = service_of(request)
     if not service.store.state.has_document(ns, name, doc_id):
         raise not_found(f"no document {doc_id!r} in collection {name!r}", "doc_id", "document_not_found")
-    await run_in_threadpool(_append, service, [DeleteDocument(ns, name, doc_id)])
+    await run_in_threadpool(append, service, [DeleteDocument(ns, name, doc_id)])
     return {"object": "collection.document.deleted", "collection": name, "id": doc_id, "deleted": True}
 
 
@@ -164,5 +132,5 @@ async def delete_collection(request: Request, name: CollectionName, ns: Namespac
     service = service_of(request)
     if service.store.state.get_collection(ns, name) is None:
         raise not_found(f"no collection named {name!r}", "name", "collection_not_found")
-    await run_in_threadpool(_append, service, [DeleteCollection(ns, name)])
+    await run_in_threadpool(append, service, [DeleteCollection(ns, name)])
     return {"object": "collection.deleted", "name": name, "deleted": True}

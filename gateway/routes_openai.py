@@ -1,6 +1,6 @@
 """OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
 
-Thin: validate (pydantic), plan on a thread-pool thread (``planning``), queue (``GatewayService.submit``:
+Thin: validate (pydantic), plan on a thread-pool thread (``planning``), queue (``Service.submit``:
 429 when full), then answer with one JSON body or an SSE stream (``streaming``).
 """
 
@@ -14,6 +14,9 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from lookupspec.service.accounting import speculation, usage
+from lookupspec.service.service import Service
+
 from .errors import not_found
 from .planning import plan_chat, plan_completion
 from .protocol import (
@@ -25,8 +28,7 @@ from .protocol import (
     ModelList,
 )
 from .routing import ERRORS, namespace, service_of
-from .service import GatewayService
-from .streaming import Kind, collect, new_id, speculation, sse_events, usage
+from .streaming import Kind, collect, new_id, sse_events
 from .unknown_fields import UnknownFields
 
 __all__ = ["router"]
@@ -43,7 +45,7 @@ _GEN_ERRORS = ERRORS(400, 401, 404, 413, 429, 503, 504)
 UNKNOWN_FIELDS = UnknownFields()  # process-wide, bounded
 
 
-def _model_card(service: GatewayService) -> dict[str, Any]:
+def _model_card(service: Service) -> dict[str, Any]:
     return ModelCard(id=service.config.model_name, created=int(service.started_at),
                      max_model_len=service.context_window).model_dump()
 

@@ -21,9 +21,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from lookupspec.service.metrics import CONTENT_TYPE
+
 from .errors import APIError
 from .lifecycle import Lifecycle
-from .metrics import CONTENT_TYPE
 from .routing import ERRORS
 
 __all__ = ["router"]

@@ -6,9 +6,10 @@ from typing import Any
 
 from fastapi import Request
 
+from lookupspec.service.service import Service
+
 from .errors import APIError
 from .protocol import ErrorResponse
-from .service import GatewayService
 
 __all__ = ["ERRORS", "namespace", "service_of"]
 
@@ -28,7 +29,7 @@ def ERRORS(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorResponse, "description": _DESCRIPTIONS[code]} for code in codes}
 
 
-def service_of(request: Request) -> GatewayService:
+def service_of(request: Request) -> Service:
     """The running service. ``/v1`` routes only run once it exists (``AdmissionMiddleware``)."""
     service = request.app.state.lifecycle.service
     if service is None:
@@ -41,5 +42,5 @@ def namespace(request: Request) -> str:
     """Dependency: the caller's namespace, set by ``middleware.AuthMiddleware``."""
     ns = request.scope.get("state", {}).get("namespace")
     if ns is None:  # a route outside /v1 that asked for a namespace: the default one
-        return service_of(request).config.default_namespace
+        return request.app.state.auth.default_namespace
     return ns

@@ -15,17 +15,16 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastapi import Request
 
-from lookupspec.stats import RequestStats, speculation_dict
+from lookupspec.service.accounting import speculation, usage
+from lookupspec.service.jobs import AsyncTicket, ChoiceFinished, JobDone, JobFailed, TextDelta
 
-from .jobs import ChoiceFinished, JobDone, JobFailed, TextDelta, Ticket
-
-__all__ = ["Collected", "Kind", "collect", "new_id", "speculation", "sse_events", "usage"]
+__all__ = ["Collected", "Kind", "collect", "new_id", "sse_events"]
 
 Kind = Literal["completion", "chat"]
 _DONE = b"data: [DONE]\n\n"
@@ -35,27 +34,13 @@ def new_id(kind: Kind) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
 
 
-def speculation(stats: Sequence[RequestStats]) -> dict[str, Any]:
-    """The response's ``speculation`` object: the choices' statistics summed."""
-    return speculation_dict(*stats)
-
-
-def usage(prompt_tokens: int, finished: Sequence[ChoiceFinished]) -> dict[str, Any]:
-    """OpenAI's ``usage``: ``prompt_tokens_details.cached_tokens`` counts the prompt tokens whose KV
-    came from the prefix cache (a prompt's choices share its prefill, so each prompt counts once)."""
-    completion = sum(f.completion_tokens for f in finished)
-    cached = sum(f.stats.cached_tokens for f in finished)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
-
-
 @dataclass
 class Collected:
     texts: dict[int, list[str]] = field(default_factory=dict)
     finished: dict[int, ChoiceFinished] = field(default_factory=dict)
 
 
-async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
+async def _watch_disconnect(request: Request, ticket: AsyncTicket) -> None:
     """Cancel the job when the client goes away (the body was read already, so the next ASGI
     message is the disconnect)."""
     while True:
@@ -65,7 +50,7 @@ async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
             return
 
 
-async def collect(request: Request, ticket: Ticket) -> Collected:
+async def collect(request: Request, ticket: AsyncTicket) -> Collected:
     """Run a non-streaming request to its end; raise its ``APIError`` if it failed."""
     watcher = asyncio.create_task(_watch_disconnect(request, ticket))
     out = Collected()
@@ -91,7 +76,8 @@ def _data(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def sse_events(ticket: Ticket, kind: Kind, model: str, include_usage: bool) -> AsyncIterator[bytes]:
+async def sse_events(ticket: AsyncTicket, kind: Kind, model: str,
+                     include_usage: bool) -> AsyncIterator[bytes]:
     """The SSE body of a streamed request (see the module docstring)."""
     rid, created = new_id(kind), int(time.time())
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"

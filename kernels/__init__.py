@@ -4,7 +4,6 @@ Importing this package never imports triton: the dispatcher loads the Triton mod
 picks them (CUDA tensors, or an explicit override).
 """
 
-from .batch import BatchVerifyOutput, RequestBatch, StagedRequests, VerifyMode, pack_requests, stage_requests
 from .compact_plan import pool_table
 from .dispatch import (
     BACKEND_ENV,
@@ -16,6 +15,14 @@ from .dispatch import (
     verify_batch,
 )
 from .staging import HostStage, Staged
+from .verify_inputs import (
+    BatchVerifyOutput,
+    RequestBatch,
+    StagedRequests,
+    VerifyMode,
+    pack_requests,
+    stage_requests,
+)
 
 __all__ = [
     "BACKEND_ENV",

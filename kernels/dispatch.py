@@ -33,7 +33,7 @@ from typing import Any, Literal
 import torch
 
 from . import reference
-from .batch import BatchVerifyOutput, VerifyMode, check_batch_parents, check_tree_parents
+from .verify_inputs import BatchVerifyOutput, VerifyMode, check_batch_parents, check_tree_parents
 
 __all__ = ["BACKEND_ENV", "compact_cache", "compact_kv", "compact_pool", "resolve_backend", "tree_mask",
            "verify_batch"]
@@ -86,7 +86,7 @@ def verify_batch(
     backend: str | None = None,
     checked: bool = False,
 ) -> BatchVerifyOutput:
-    """Verify a batch of draft trees: see ``reference.verify_batch`` (layout in kernels/batch.py).
+    """Verify a batch of draft trees: see ``reference.verify_batch`` (layout in kernels/verify_inputs.py).
 
     Parents and row offsets on the host are checked first (:func:`~.batch.check_batch_parents`,
     ValueError); ``checked=True`` says the caller already checked them before packing (the engine's

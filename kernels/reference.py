@@ -25,7 +25,7 @@ from lookupspec.sampling import (
     stream_keys,
 )
 
-from .batch import BatchVerifyOutput, VerifyMode, check_verify_inputs
+from .verify_inputs import BatchVerifyOutput, VerifyMode, check_verify_inputs
 
 __all__ = ["compact_kv", "compact_pool", "process_rows", "tree_mask", "verify_batch"]
 
@@ -88,7 +88,7 @@ def verify_batch(
     max_nodes: int,  # >= the largest number of nodes of a request; width of `accepted`
     draft_probs: torch.Tensor | None = None,  # [num_nodes, vocab] q of each sampled draft (rejection)
 ) -> BatchVerifyOutput:
-    """Verify a batch of draft trees (see kernels/batch.py for the layout, verify.py for the rules)."""
+    """Verify a batch of draft trees (kernels/verify_inputs.py: the layout; verify.py: the rules)."""
     mode = VerifyMode(mode)
     check_verify_inputs(logits, tokens, parents, row_offsets,
                         (temperature, top_k, top_p, seed, root_position), mode, max_nodes, draft_probs)

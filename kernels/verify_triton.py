@@ -36,8 +36,8 @@ from triton.language.extra import libdevice
 
 from lookupspec.sampling import GREEDY_EPS
 
-from .batch import BatchVerifyOutput, VerifyMode, check_verify_inputs
 from .variants import launch
+from .verify_inputs import BatchVerifyOutput, VerifyMode, check_verify_inputs
 
 __all__ = ["verify_batch"]
 

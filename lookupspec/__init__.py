@@ -1,22 +1,50 @@
-"""lookupspec: speculative decoding with lookup drafts and exact verification."""
+"""lookupspec: speculative decoding with lookup drafts and exact verification.
+
+The public surface, imported lazily (``import lookupspec`` loads neither torch nor transformers)::
+
+    import lookupspec
+    client = lookupspec.connect("smollm2-135m-instruct")        # in-process, or "http://host:port"
+    result = client.generate(lookupspec.GenerationRequest(prompt="Hello", max_tokens=16))
+
+Importing the package changes no environment variable and installs no import hook; model loading
+never contacts a hub (``lookupspec.models`` loads with ``local_files_only``).
+"""
 
 from __future__ import annotations
 
-import os
-
-# No code path may fetch weights from a model hub: make every huggingface_hub call offline before
-# transformers is imported anywhere in this process. A user can still opt out explicitly.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-# after the environment above, before any subpackage is imported
-from pathlib import Path as _Path
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "connect": "lookupspec.client",
+    "Client": "lookupspec.client",
+    "ClientError": "lookupspec.requests",
+    "GenerationRequest": "lookupspec.requests",
+    "Lookup": "lookupspec.requests",
+    "Delta": "lookupspec.client",
+    "Result": "lookupspec.client",
+    "TextEngine": "lookupspec.text",
+    "GenerationParams": "lookupspec.params",
+    "SpecParams": "lookupspec.params",
+    "LookupScope": "lookupspec.params",
+    "Service": "lookupspec.service",
+    "ServiceConfig": "lookupspec.service",
+}
 
-from lookupspec import _checkout
+__all__ = ["__version__", *_EXPORTS]
 
-_checkout.install(_Path(__file__).absolute().parent)
 
-__all__ = ["__version__"]
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lookupspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -19,12 +19,16 @@ and the offending parameter, also for the in-process client (status 400/404 for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from lookupspec.requests import ClientError, GenerationRequest, Lookup
+from lookupspec.sse import StreamState, parse_sse_line
 
 __all__ = [
     "Client",
@@ -37,78 +41,6 @@ __all__ = [
     "Result",
     "connect",
 ]
-
-
-class ClientError(RuntimeError):
-    """A request the server (or the local engine) refused. ``status`` is the HTTP status (0: the
-    server could not be reached), ``param`` the offending request parameter when known."""
-
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
-        self.code = code
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """Where a request may draft from (the gateway's ``lookup`` object)."""
-
-    enabled: bool = True
-    collections: tuple[str, ...] = ()
-    documents: tuple[str, ...] = ()  # inline texts to draft from for this request only
-    max_draft_tokens: int | None = None
-    sources: tuple[str, ...] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"enabled": self.enabled}
-        if self.collections:
-            out["collections"] = list(self.collections)
-        if self.documents:
-            out["documents"] = list(self.documents)
-        if self.max_draft_tokens is not None:
-            out["max_draft_tokens"] = self.max_draft_tokens
-        if self.sources is not None:
-            out["sources"] = list(self.sources)
-        return out
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One generation: a plain ``prompt`` (completions) or chat ``messages``. Greedy by default."""
-
-    prompt: str | None = None
-    messages: Sequence[Mapping[str, str]] | None = None
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    lookup: Lookup = field(default_factory=Lookup)
-
-    def __post_init__(self) -> None:
-        if (self.prompt is None) == (self.messages is None):
-            raise ClientError("pass exactly one of prompt or messages", param="messages")
-
-    def payload(self, model: str, *, stream: bool) -> dict[str, Any]:
-        """The OpenAI-style request body."""
-        body: dict[str, Any] = {
-            "model": model, "max_tokens": self.max_tokens, "temperature": self.temperature,
-            "top_p": self.top_p, "top_k": self.top_k, "stream": stream, "lookup": self.lookup.to_json(),
-        }
-        if self.seed is not None:
-            body["seed"] = self.seed
-        if self.stop:
-            body["stop"] = list(self.stop)
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        if self.messages is not None:
-            body["messages"] = [dict(m) for m in self.messages]
-        else:
-            body["prompt"] = self.prompt
-        return body
 
 
 @dataclass(frozen=True)
@@ -205,24 +137,28 @@ class _Collector:
 
 
 class LocalClient(Client):
-    """An engine in this process, driven by a :class:`~lookupspec.scheduler.Scheduler` on its own
-    thread: concurrent callers (threads, ``asyncio`` tasks) are batched into the same steps, up to
-    ``max_batch`` sequences at once, exactly as the gateway batches its requests. Collections live in
-    memory; the outputs of earlier requests feed the output drafter, as in the gateway. While the
-    client runs requests, its engine must not be driven by anything else."""
+    """An engine in this process, run by the same ``Service`` as the gateway (``lookupspec.service``):
+    one scheduler thread batches concurrent callers (threads, ``asyncio`` tasks) into the same steps,
+    up to ``max_batch`` sequences at once; requests are planned, limited and accounted as over HTTP.
+    Collections and the outputs of earlier requests live in memory (one namespace). While the client
+    runs requests, its engine must not be driven by anything else."""
 
     def __init__(self, engine: Any, *, model: str | None = None, output_cap_tokens: int = 1_000_000,
                  max_batch: int = 16) -> None:
-        from lookupspec.index import OutputStore
+        from lookupspec.service import ServiceConfig, build_service
+        from lookupspec.store import memory_store
 
         self.engine = engine  # lookupspec.text.TextEngine
         self._model = model or "local"
-        self._max_batch = max_batch
-        self._sched: Any = None
-        self._closed = False
+        # Callers of one process wait for their turn rather than being refused (no queue bound), and a
+        # request has no deadline of its own beyond what the caller imposes.
+        config = ServiceConfig(model_name=self._model, max_batch=max_batch,
+                               output_cap_tokens=output_cap_tokens, max_queue=_UNBOUNDED,
+                               request_timeout_s=_NO_DEADLINE_S)
+        self.service = build_service(engine, memory_store(), config)
         self._lock = threading.Lock()
-        self._collections: dict[str, Any] = {}
-        self._output = OutputStore(output_cap_tokens)
+        self._started = False
+        self._closed = False
 
     @property
     def model(self) -> str:
@@ -236,113 +172,64 @@ class LocalClient(Client):
         return cls(TextEngine.load(model, **kwargs), model=model)
 
     def add_documents(self, collection: str, documents: Iterable[Mapping[str, Any]]) -> int:
-        from lookupspec.index import CorpusStore
+        from lookupspec.service.documents import Document, add_documents
 
         docs = []
         for i, doc in enumerate(documents):
             if not isinstance(doc.get("id"), str) or not isinstance(doc.get("text"), str):
                 raise ClientError("every document needs a string 'id' and 'text'", param=f"documents[{i}]")
-            docs.append((doc["id"], doc["text"]))
-        with self._lock:
-            store = self._collections.setdefault(collection, CorpusStore())
-            for doc_id, _ in docs:
-                store.delete_document(doc_id)  # re-adding an id replaces it, as in the gateway
-            store.add_documents(self.engine.corpus_documents(docs))
-        return len(docs)
+            docs.append(Document(doc["id"], doc["text"], dict(doc.get("metadata") or {})))
+        with _as_client_error():
+            records, _ = add_documents(self.service, _NAMESPACE, collection, docs)
+        return len(records)
 
-    def _plan(self, request: GenerationRequest) -> tuple[list[int], Any, Any, Any]:
-        from lookupspec.models import ModelLoadError
-        from lookupspec.planning import PlanError, UnknownCollection, plan_lookup
-
-        te = self.engine
-        lk = request.lookup
-        try:
-            params = te.params(max_tokens=request.max_tokens, temperature=request.temperature,
-                               top_p=request.top_p, top_k=request.top_k, seed=request.seed)
-        except ValueError as exc:
-            raise ClientError(str(exc), param=_param_of(str(exc))) from exc
-
-        def collection(name: str) -> Any:
-            if name not in self._collections:
-                raise UnknownCollection(name)
-            return self._collections[name]
-
-        try:
-            plan = plan_lookup(te.engine.default_spec, enabled=lk.enabled, collections=lk.collections,
-                               documents=lk.documents, max_draft_tokens=lk.max_draft_tokens,
-                               sources=lk.sources, collection=collection,
-                               inline_corpus=te.corpus_from_texts, output=self._output)
-        except PlanError as exc:
-            raise ClientError(exc.message, status=exc.status, param=exc.param, code=exc.code) from exc
-        try:
-            prompt_ids = te.encode_prompt(request.prompt, request.messages)
-        except (ValueError, ModelLoadError) as exc:  # e.g. a tokenizer without a chat template
-            param = "messages" if request.messages is not None else "prompt"
-            raise ClientError(str(exc), param=param) from exc
-        return prompt_ids, params, plan.spec, plan.scope
-
-    def stream(self, request: GenerationRequest) -> Generator[Delta, None, None]:
-        import numpy as np
-
-        from lookupspec.stats import speculation_dict
-
-        with self._lock:
-            prompt_ids, params, spec, scope = self._plan(request)
-        sink = _QueueSink(self.engine.follower(request.stop))
-        param = "messages" if request.messages is not None else "prompt"
-        try:
-            req = self._scheduler().submit(prompt_ids, [(params, sink)], spec, scope, namespace="local")
-        except ValueError as exc:
-            raise ClientError(str(exc), param=param) from exc
-        tokens: list[int] = []
-        try:
-            while True:
-                item = sink.items.get()
-                if isinstance(item, BaseException):
-                    raise _local_failure(item) from item
-                tokens.extend(item.token_ids)
-                if item.finish_reason is None:
-                    if item.text:
-                        yield Delta(item.text)
-                    continue
-                if tokens:  # speculated or not: the output store serves later requests (planning)
-                    with self._lock:
-                        self._output.append(np.asarray(tokens, dtype=np.int32))
-                cached = item.stats.cached_tokens if item.stats is not None else 0
-                usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
-                         "total_tokens": len(prompt_ids) + len(tokens),
-                         "prompt_tokens_details": {"cached_tokens": cached}}
-                spec_stats = speculation_dict(item.stats) if item.stats is not None else {}
-                yield Delta(item.text, item.finish_reason, usage, spec_stats)
-                return
-        finally:
-            req.cancel()  # a no-op once finished; stops the generation when the consumer leaves early
-
-    def _scheduler(self) -> Any:
-        """The scheduler that runs this client's requests, batched (started on first use). A closed
-        client starts none. `lookupspec summarize` closes its client on Ctrl-C while worker threads
-        have requests in flight; those end with a 503, which the job retries after 0.5 s. A retry
-        used to start a new scheduler thread, whose forwards then ran while the interpreter shut
-        down. A thread that reaches for the GIL then is ended inside torch's C++ frames, and the
-        process aborted ("terminate called without an active exception", status -6 instead of 130)."""
+    def _running(self) -> Any:
+        """The service, its scheduler started on first use. A closed client starts none: `lookupspec
+        summarize` closes its client on Ctrl-C while worker threads have requests in flight, and a
+        scheduler thread started then would run forwards while the interpreter shuts down (torch
+        aborts the process)."""
         with self._lock:
             if self._closed:
                 raise ClientError("this client is closed", status=503, code="shutting_down")
-            if self._sched is None:
-                from lookupspec.scheduler import Scheduler
+            if not self._started:
+                self.service.start()
+                self._started = True
+            return self.service
 
-                self._sched = Scheduler(self.engine.engine, max_batch=self._max_batch)
-                self._sched.start()
-            return self._sched
+    def stream(self, request: GenerationRequest) -> Generator[Delta, None, None]:
+        from lookupspec.service import ChoiceFinished, JobDone, JobFailed, JobRequest, TextDelta, plan
+        from lookupspec.service.accounting import speculation, usage
+
+        service = self._running()
+        with _as_client_error():
+            job = plan(service, JobRequest(prompt=request.prompt, messages=request.messages,
+                                           max_tokens=request.max_tokens, temperature=request.temperature,
+                                           top_p=request.top_p, top_k=request.top_k, seed=request.seed,
+                                           stop=request.stop, lookup=request.lookup), _NAMESPACE)
+            ticket = service.submit(job)
+        finished: list[Any] = []
+        try:
+            for event in ticket.events():
+                if isinstance(event, TextDelta):
+                    yield Delta(event.text)
+                elif isinstance(event, ChoiceFinished):
+                    finished.append(event)
+                elif isinstance(event, JobFailed):
+                    raise _client_error(event.error)
+                elif isinstance(event, JobDone):
+                    yield Delta("", finished[0].finish_reason, usage(job.prompt_tokens, finished),
+                                speculation([f.stats for f in finished]))
+        finally:
+            ticket.cancel("disconnect")  # a no-op once finished; stops the generation when the caller leaves
 
     def close(self) -> None:
-        """Stop the scheduler thread (requests still running end with an error); later requests
-        fail with ClientError (status 503)."""
+        """Stop the scheduler thread (requests still running end with a 503); later requests fail
+        with ClientError (status 503)."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            sched, self._sched = self._sched, None
-        if sched is not None:
-            sched.stop()
+        self.service.close()
 
     async def astream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Runs :meth:`stream` on a worker thread; leaving the loop early stops the generation."""
@@ -367,7 +254,7 @@ class LocalClient(Client):
             except BaseException as exc:  # handed to the consumer
                 put(exc)
             finally:
-                gen.close()  # cancels the scheduler request if it is still running
+                gen.close()  # cancels the request if it is still running
 
         thread = threading.Thread(target=work, name="lookupspec-local", daemon=True)
         thread.start()
@@ -383,38 +270,24 @@ class LocalClient(Client):
             cancelled.set()
 
 
-def _local_failure(error: BaseException) -> ClientError:
-    """A generation that ended without finishing, as the gateway would report it."""
-    from lookupspec.scheduler import Cancelled
-
-    if isinstance(error, Cancelled) and error.reason == "shutdown":
-        return ClientError("the client was closed while the request ran", status=503, code="shutting_down")
-    return ClientError(f"the generation failed: {type(error).__name__}: {error}", status=500,
-                       code="engine_error")
+_NAMESPACE = "local"
+_UNBOUNDED = 2**31 - 1
+_NO_DEADLINE_S = 365 * 24 * 3600.0
 
 
-class _QueueSink:
-    """A scheduler sink that turns one choice's steps into text chunks on a thread-safe queue."""
-
-    def __init__(self, follow: Any) -> None:
-        import queue
-
-        self.follow = follow  # lookupspec.text.TextFollower
-        self.items: queue.Queue[Any] = queue.Queue()
-
-    def deliver(self, output: Any) -> bool:
-        chunk = self.follow.feed(output)
-        self.items.put(chunk)
-        return chunk.finish_reason is None
-
-    def fail(self, error: BaseException) -> None:
-        self.items.put(error)
+def _client_error(error: Any) -> ClientError:
+    """A ``lookupspec.service.ServiceError`` as the gateway client would raise it."""
+    return ClientError(error.message, status=error.status, param=error.param, code=error.code)
 
 
-def _param_of(message: str) -> str | None:
-    """The request parameter a local validation message names ("top_p must be ..." -> "top_p")."""
-    name = message.split(" ", 1)[0]
-    return name if name in {"max_tokens", "temperature", "top_k", "top_p", "seed"} else None
+@contextlib.contextmanager
+def _as_client_error() -> Iterator[None]:
+    from lookupspec.service import ServiceError
+
+    try:
+        yield
+    except ServiceError as exc:
+        raise _client_error(exc) from None
 
 
 # ---- over HTTP ----------------------------------------------------------------------------------
@@ -483,7 +356,7 @@ class GatewayClient(Client):
             with self._http.stream("POST", self._path(request), json=body) as resp:
                 if resp.status_code >= 400:
                     raise _http_error(resp.status_code, resp.read().decode(errors="replace"))
-                parser = _SSE(chat=request.messages is not None)
+                parser = _SSE()
                 for line in resp.iter_lines():
                     yield from parser.feed(line)
                 yield from parser.finish()
@@ -501,7 +374,7 @@ class GatewayClient(Client):
                     http.stream("POST", self._path(request), json=body) as resp:
                 if resp.status_code >= 400:
                     raise _http_error(resp.status_code, (await resp.aread()).decode(errors="replace"))
-                parser = _SSE(chat=request.messages is not None)
+                parser = _SSE()
                 async for line in resp.aiter_lines():
                     for delta in parser.feed(line):
                         yield delta
@@ -524,38 +397,29 @@ def _error_object(err: Mapping[str, Any], status: int) -> ClientError:
 
 
 class _SSE:
-    """Parses the gateway's event stream (one choice) into deltas; the usage chunk closes it."""
+    """The gateway's event stream (one choice) as deltas; the usage chunk closes it."""
 
-    def __init__(self, *, chat: bool) -> None:
-        self.chat = chat
-        self.finish_reason: str | None = None
-        self.speculation: dict[str, Any] | None = None
-        self.done = False
+    def __init__(self) -> None:
+        self.state = StreamState()
 
     def feed(self, line: str) -> Iterator[Delta]:
-        if not line.startswith("data:"):
+        event = parse_sse_line(line)
+        if not isinstance(event, dict):
             return
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        event = json.loads(data)
-        if "error" in event:
-            raise _error_object(event["error"], 500)
-        for choice in event.get("choices") or ():
-            text = (choice.get("delta") or {}).get("content") if self.chat else choice.get("text")
-            if choice.get("finish_reason") is not None:
-                self.finish_reason = choice["finish_reason"]
-                self.speculation = choice.get("speculation") or self.speculation
-            if text:
-                yield Delta(text)
-        if event.get("usage") and not event.get("choices"):
-            self.done = True
-            yield Delta("", self.finish_reason or "length", event["usage"],
-                        event.get("speculation") or self.speculation or {})
+        text = self.state.feed(event)
+        if self.state.error is not None:
+            raise _error_object(self.state.error, 500)
+        if text:
+            yield Delta(text)
+        if self.state.usage_seen:
+            yield self._last(self.state.usage or {})
 
     def finish(self) -> Iterator[Delta]:
-        if not self.done:  # a server without the usage chunk
-            yield Delta("", self.finish_reason or "length", {}, self.speculation or {})
+        if not self.state.usage_seen:  # a server without the usage chunk
+            yield self._last({})
+
+    def _last(self, usage: dict[str, Any]) -> Delta:
+        return Delta("", self.state.finish_reason or "length", usage, self.state.speculation or {})
 
 
 def connect(target: Any, *, api_key: str | None = None, model: str | None = None, **kwargs: Any) -> Client:

@@ -610,7 +610,7 @@ class Engine:
     ) -> Generator[StepOutput, None, None]:
         """Yield one :class:`StepOutput` per target forward until EOS/stop id, max_tokens or the
         context window. ``spec`` controls speculation (default: the engine's); ``scope`` names the
-        corpus and output stores this request may draft from; ``namespace`` enables the prefix cache
+        corpus and output indexes this request may draft from; ``namespace`` enables the prefix cache
         for this prompt (None: neither reused nor kept)."""
         seq = self.start(prompt_ids, params, spec, scope, namespace)
         try:

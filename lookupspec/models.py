@@ -1,7 +1,7 @@
 """Loading target/draft models and tokenizers: local Hugging Face directories, GGUF files, named defaults.
 
-Nothing here ever contacts a model hub (``lookupspec/__init__`` forces ``HF_HUB_OFFLINE``, and a
-model spec that is neither a local path nor a named default is refused before transformers sees it).
+Nothing here ever contacts a model hub: every transformers load passes ``local_files_only=True``, and a
+model spec that is neither a local path nor a named default is refused before transformers sees it.
 
 - A **named default** (``smollm2-135m-instruct``) lives in ``$LOOKUPSPEC_HOME/models/<name>/`` as a
   plain safetensors checkpoint plus tokenizer. ``pull`` makes it: it takes the GGUF file from the
@@ -196,8 +196,10 @@ def _dequantize_gguf(gguf_path: Path, out_dir: Path, log: Callable[[str], None],
     log(f"dequantizing {gguf_path.name} (once; later loads use the saved copy) ...")
     try:
         with _gguf_parsed_once():
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-            model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                      local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                         local_files_only=True)
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise ModelLoadError(f"cannot load GGUF file {gguf_path}: {exc}") from exc
     # The weights are plain tensors now; drop the GGUF quantizer so the checkpoint is an ordinary one.
@@ -312,7 +314,7 @@ def load_tokenizer(spec: str | Path, *, auto_pull: bool = False) -> Any:
 
     path = resolve_model_path(str(spec), auto_pull=auto_pull)
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load a tokenizer from {path}: {exc}") from exc
 
@@ -338,7 +340,7 @@ def load_model(
         raise ModelLoadError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
     path = resolve_model_path(str(spec), auto_pull=auto_pull, log=log)
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"unsupported or unreadable model config in {path}: {exc}") from exc
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -351,7 +353,7 @@ def load_model(
 
     hf_logging.disable_progress_bar()  # a sub-second load needs no bar; pull keeps its own
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load weights from {path}: {exc}") from exc
     finally:

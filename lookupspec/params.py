@@ -95,9 +95,9 @@ class SpecParams:
 class LookupScope:
     """Where one request may draft from (besides its own context): the token stores of the request's
     document collections (plus a throw-away store holding its inline documents) and its namespace's
-    output store. The stores are ``lookupspec.index`` objects; the gateway or the caller owns them and
+    output index. The stores are ``lookupspec.index`` objects; the gateway or the caller owns them and
     keeps them up to date, the engine only reads them. A namespace's scope never holds another
     namespace's stores: that is how isolation is enforced."""
 
-    corpora: tuple[Any, ...] = ()  # lookupspec.index.CorpusStore
-    output: Any | None = None  # lookupspec.index.OutputStore
+    corpora: tuple[Any, ...] = ()  # lookupspec.index.CorpusIndex
+    output: Any | None = None  # lookupspec.index.OutputIndex

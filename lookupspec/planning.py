@@ -12,14 +12,14 @@ The rules, decided once:
   no-op); its store is in scope only when speculation is enabled and ``corpus`` is a source;
 - inline ``documents`` are indexed only when speculation is enabled and ``corpus`` is a source
   (building that index costs time; nothing else would read it);
-- the namespace's output store is in scope only when speculation is enabled and ``output`` is a source.
+- the namespace's output index is in scope only when speculation is enabled and ``output`` is a source.
 
-After the request, its output is appended to the namespace's output store whether or not the request
+After the request, its output is appended to the namespace's output index whether or not the request
 speculated (both front ends do this): the store serves later requests, and a plain-decoding request's
 text is as good a source for them as any other.
 
 Example: ``sources=("context",)`` with ``documents=("some text",)`` gives a scope with no corpora and no
-output store, and the inline builder is never called.
+output index, and the inline builder is never called.
 """
 
 from __future__ import annotations
@@ -72,11 +72,11 @@ def plan_lookup(base: SpecParams, *, enabled: bool = True, collections: Sequence
                 output: Any | None) -> LookupPlan:
     """``base``: the server's (engine's) speculation settings, narrowed by the request's options.
 
-    collection(name): the collection's corpus store, ``None`` when it exists but has nothing indexed
+    collection(name): the collection's corpus index, ``None`` when it exists but has nothing indexed
         (all its documents deleted), raising :class:`UnknownCollection` when it does not exist.
-    inline_corpus(texts): a throw-away corpus store over the request's inline documents (``None`` when
+    inline_corpus(texts): a throw-away corpus index over the request's inline documents (``None`` when
         they hold no tokens); called at most once, and only when the corpus source is in use.
-    output: the namespace's output store (``None``: it has none yet).
+    output: the namespace's output index (``None``: it has none yet).
     """
     try:
         spec = base.for_request(enabled=enabled, max_draft_tokens=max_draft_tokens, sources=sources,

@@ -13,7 +13,7 @@ The initializer range matters for what the model does. SmolLM2's own (0.02) give
 logits: on random input ids a median top logit of 2.0 and a median gap of 0.067 to the runner-up,
 a few bfloat16 steps, so rounding decides many greedy tokens. 0.25, as the tiny test models use,
 gives a median top logit of 25 and a gap of 0.83 (both measured on SmolLM2's shape, 4 x 32 random
-ids, float32 forward); the GPU runs in the README used it.
+ids, float32 forward); the GPU figures in docs/gpu.md use it.
 
 Example: ``build_random_model("smollm2-135m-instruct", Path("/tmp/rand"), initializer_range=0.25,
 dtype="bfloat16")`` writes a 270 MB bfloat16 model of SmolLM2-135M's shape with its tokenizer.
@@ -76,7 +76,7 @@ def build_random_model(source: str, out: Path, *, seed: int = 0, initializer_ran
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(str(config_file))
+        config = AutoConfig.from_pretrained(str(config_file), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot read a model config from {config_file}: {exc}") from exc
     if initializer_range is not None:

@@ -158,19 +158,19 @@ class TextEngine:
         return PromptBound.for_tokenizer(self.tokenizer)
 
     def corpus_documents(self, docs: Sequence[tuple[str, str]]) -> list[tuple[str, np.ndarray]]:
-        """(id, text) pairs tokenized for a :class:`~lookupspec.index.CorpusStore` (no special tokens)."""
+        """(id, text) pairs tokenized for a :class:`~lookupspec.index.CorpusIndex` (no special tokens)."""
         return [(doc_id, np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int32))
                 for doc_id, text in docs]
 
     def corpus_from_texts(self, texts: Sequence[str]) -> Any:
-        """A throw-away CorpusStore over inline texts (a request's ``lookup.documents``); None if empty."""
-        from lookupspec.index import CorpusStore
+        """A throw-away CorpusIndex over inline texts (a request's ``lookup.documents``); None if empty."""
+        from lookupspec.index import CorpusIndex
 
         named = [(f"inline-{n}", text) for n, text in enumerate(texts)]
         docs = [(doc_id, ids) for doc_id, ids in self.corpus_documents(named) if len(ids)]
         if not docs:
             return None
-        store = CorpusStore()
+        store = CorpusIndex()
         store.add_documents(docs)
         return store
 

@@ -186,7 +186,7 @@ def verify_rejection(
 
 def _verify_one(logits: torch.Tensor, tokens: list[int], parents: list[int], params: SamplingParams,
                 root_position: int, mode: str, draft_probs: torch.Tensor | None) -> VerifyResult:
-    import lookupspec.kernels as kernels  # kernels.batch imports this module: import at call time
+    import lookupspec.kernels as kernels  # kernels.verify_inputs imports this module: import at call time
 
     batch = kernels.pack_requests([(tokens, parents)], [params], [root_position], device=logits.device)
     probs = None if draft_probs is None else draft_probs.to(logits.device)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lookupspec import kernels
-from lookupspec.index import ContextStore
+from lookupspec.index import ContextIndex
 from lookupspec.runtime import SeqRows
 from lookupspec.sampling import SamplingParams
 
@@ -67,7 +67,7 @@ def warm_drafting() -> None:
     session builds on. Without this the first request after a fresh install paid the compile:
     25.7 of a 27.9-s first 64-token request on the H200's host after ``TextEngine.load(...,
     warmup=True)`` (2026-11-28; 1.6-1.8 s for the next ones)."""
-    ContextStore()  # its constructor warms the kernels, once per process
+    ContextIndex()  # its constructor warms the kernels, once per process
 
 
 def sync_device(device: torch.device) -> None:

@@ -2,7 +2,7 @@
 
 Threads: each worker runs torch on its share of the cores, and so do the servers and commands the
 tests start (they inherit ``OMP_NUM_THREADS``). Two workers of two threads each on two cores spent
-their time waiting on each other: side by side on a 2-core Zen 3, four of the slowest files
+their time waiting on each other: side by side on a 2-core machine, four of the slowest files
 took 289 and 334 s that way against 188 and 176 s with one thread a worker. An ``OMP_NUM_THREADS``
 of the caller's own is kept. Tests of the thread count itself (the native CPU kernels, the served
 forward) set their threads explicitly.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 # Files over ~15 s, slowest first: seconds each took in `make test` (two workers of one thread) on a
-# 2-core Zen 3. An ordering hint only; every file runs either way.
+# 2-core machine. An ordering hint only; every file runs either way.
 SLOW_FILES_FIRST = (
     "test_real_model_spec.py",  # ~250 s
     "clients/test_summarize.py",  # ~140
@@ -34,13 +34,13 @@ SLOW_FILES_FIRST = (
     "gateway/test_gateway_batching.py",  # ~34
     "engine/test_batch_step.py",  # ~32
     "test_bench_serve.py",  # ~29
-    "test_bench_prefix.py",  # ~28
+    "tools/test_bench_prefix.py",  # ~28
     "kernels/test_verify_kernels.py",  # ~28
     "gateway/test_gateway_redis_outage.py",  # ~28
-    "test_replay_batch.py",  # ~23
+    "tools/test_batched_replay.py",  # ~23
     "engine/test_device_discipline.py",  # ~22
     "gateway/test_gateway_api.py",  # ~22
-    "test_replay.py",  # ~19
+    "tools/test_replay.py",  # ~19
     "clients/test_client.py",  # ~18
     "gateway/test_gateway_hostile.py",  # ~17
     "runtime/test_lean.py",  # ~17

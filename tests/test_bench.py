@@ -173,7 +173,7 @@ def test_bench_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
 def test_bench_batch_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     out = tmp_path / "batch.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "lookupspec.cli", "bench-batch", "--model", str(tiny_models["tiny-llama"]),
+        [sys.executable, "-m", "tools", "bench-batch", "--model", str(tiny_models["tiny-llama"]),
          "--limit", "2", "--kinds", "code_edit,creative", "--max-tokens", "10", "--batch-sizes", "1,2",
          "--rows", "1,4", "--context", "64", "--rounds", "2", "--throughput-batches", "1,2",
          "--exactness-batches", "2", "--json", str(out)],
@@ -198,7 +198,7 @@ def test_bench_batch_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     assert result["near_tie_epsilon"] == 1e-3
     # the lean forward's native element-wise steps against torch's ops, shape by shape
     proc = subprocess.run(
-        [sys.executable, "-m", "lookupspec.cli", "bench-batch", "--model", str(tiny_models["tiny-llama"]),
+        [sys.executable, "-m", "tools", "bench-batch", "--model", str(tiny_models["tiny-llama"]),
          "--sections", "cost", "--batch-sizes", "1,2", "--rows", "1", "--context", "64", "--rounds", "2",
          "--compare-lean-native", "--json", str(out)],
         capture_output=True, text=True, timeout=600,
@@ -218,7 +218,7 @@ def test_bench_linear_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
         pytest.skip(f"the streaming kernel does not build here: {cpu_gemm.kernel_error()}")
     out = tmp_path / "linear.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "lookupspec.cli", "bench-linear", "--model", str(tiny_models["tiny-llama"]),
+        [sys.executable, "-m", "tools", "bench-linear", "--model", str(tiny_models["tiny-llama"]),
          "--rows", "1,8", "--steps", "1x1,2x3", "--contexts", "20", "--rounds", "1", "--json", str(out)],
         capture_output=True, text=True, timeout=600,
     )
@@ -236,9 +236,9 @@ def test_bench_linear_chunk_forward_keeps_the_logits_the_engine_keeps(tiny_model
     last row, not the LM head over all 136 rows (which the engine never computes)."""
     import argparse
 
-    from lookupspec.benchmarks import linear
     from lookupspec.runtime import cpu_gemm
     from lookupspec.runtime.runner import ModelRunner
+    from tools import linear
 
     if cpu_gemm.kernel() is None:
         pytest.skip(f"the streaming kernel does not build here: {cpu_gemm.kernel_error()}")

@@ -64,8 +64,9 @@ def test_generate_without_lean_forward_or_packed_layers_gives_the_same_text(tiny
 
 
 def test_generate_serves_a_model_that_mixes_sliding_window_and_full_attention_layers(tiny_models):
-    """Gemma 3 (and every configuration mixing sliding-window and full layers) used to stop with
-    "sliding-window attention layers are not supported"; the runtime serves it, drafts included."""
+    """Gemma 3 (and every configuration mixing sliding-window and full layers) generates past its
+    window, drafts included, instead of stopping with "sliding-window attention layers are not
+    supported"."""
     from lookupspec.text import TextEngine
 
     model = str(tiny_models["tiny-gemma3"])

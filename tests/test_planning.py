@@ -14,7 +14,7 @@ from lookupspec.planning import PlanError, UnknownCollection, plan_lookup
 
 class Front:
     """What a front end passes in: collections by name (None: exists, nothing indexed), an inline
-    builder that records its calls, an output store."""
+    builder that records its calls, an output index."""
 
     def __init__(self) -> None:
         self.collections: dict[str, object | None] = {"docs": "docs-store", "emptied": None}

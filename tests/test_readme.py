@@ -17,7 +17,7 @@ The convention (also in the comment at the top of README.md):
   error, so a new block is either run or explicitly not.
 - Every ``lookupspec ...`` line of a bash block, skipped or not, must parse with the CLI's own parser
   (unknown commands, flags and choices fail; nothing runs).
-- ``docs/*.md`` (the benchmark records the README points to) follow the same fences, and their
+- ``docs/*.md`` (the documents the README points to) follow the same fences, and their
   ``lookupspec ...`` lines must parse too; their blocks never run.
 
 A failing block fails the test with ``README.md:LINE`` and the end of its output. Environment:
@@ -200,7 +200,7 @@ def test_every_lookupspec_command_line_in_the_readme_and_docs_parses() -> None:
 
     checked = 0
     docs = _docs_blocks()
-    assert any(b.runner == "bash" for b in docs), "docs/serving-benchmarks.md records its commands"
+    assert any(b.runner == "bash" for b in docs), "docs/benchmarks.md records its commands"
     for block in _readme_blocks() + docs:
         if block.runner != "bash":
             continue

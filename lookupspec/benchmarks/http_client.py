@@ -25,16 +25,14 @@ Latency rules (shared by ``bench-gateway`` and ``bench-serve``):
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DONE", "StreamedResponse", "bearer", "parse_sse_line", "percentile", "stream_chat", "token_gaps"]
+from lookupspec.sse import DONE, StreamState, parse_sse_line
 
-DONE = "[DONE]"
-
+__all__ = ["StreamedResponse", "bearer", "percentile", "stream_chat", "token_gaps"]
 
 def bearer(key: str | None) -> dict[str, str]:
     """The ``Authorization`` header for an API key; none without one."""
@@ -69,39 +67,42 @@ def token_gaps(times: Sequence[float], tokens: Sequence[int]) -> list[float]:
     return gaps
 
 
-def parse_sse_line(line: str) -> dict[str, Any] | str | None:
-    """One line of an SSE body: the event's JSON object, ``DONE``, or None for a line that carries no
-    data (blank, ``: comment``, ``event:``, ``id:``). ``data:`` may be followed by a space or not."""
-    if not line.startswith("data:"):
-        return None
-    payload = line[5:].strip()
-    if not payload:
-        return None
-    if payload == DONE:
-        return DONE
-    obj = json.loads(payload)
-    if not isinstance(obj, dict):
-        raise ValueError(f"an SSE data event that is not a JSON object: {payload[:200]!r}")
-    return obj
-
-
 @dataclass
 class StreamedResponse:
     """What one streamed request produced. Times are ``time.perf_counter()`` values."""
 
     sent: float
     times: list[float] = field(default_factory=list)  # arrival of each event with text
-    texts: list[str] = field(default_factory=list)  # that event's text
     finished: float | None = None  # when the stream ended ([DONE], the connection closing, or an error)
     status: int = 0
-    usage: dict[str, Any] | None = None
-    speculation: dict[str, Any] | None = None  # lookupspec's request-level statistics
-    finish_reason: str | None = None
-    error: str | None = None
+    state: StreamState = field(default_factory=StreamState)
+    http_error: str | None = None  # a response that was not 200
+
+    @property
+    def texts(self) -> list[str]:  # each text event's text
+        return self.state.texts
 
     @property
     def text(self) -> str:
         return "".join(self.texts)
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self.state.usage
+
+    @property
+    def speculation(self) -> dict[str, Any] | None:  # lookupspec's statistics
+        return self.state.speculation
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.state.finish_reason
+
+    @property
+    def error(self) -> str | None:
+        if self.http_error is not None:
+            return self.http_error
+        return None if self.state.error is None else str(self.state.error.get("message"))
 
     @property
     def ttft(self) -> float | None:
@@ -117,27 +118,9 @@ class StreamedResponse:
 
     def feed(self, event: dict[str, Any], now: float) -> bool:
         """Record one data event; False when it is an error (the stream is over)."""
-        if "error" in event:
-            err = event["error"]
-            self.error = str(err.get("message", err) if isinstance(err, dict) else err)
-            return False
-        if event.get("usage"):
-            self.usage = event["usage"]
-        if event.get("speculation") and not event.get("choices"):
-            self.speculation = event["speculation"]  # the request's, on the usage chunk
-        for choice in event.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-            if text:
-                self.times.append(now)
-                self.texts.append(text)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-                if event.get("speculation") and self.speculation is None:
-                    self.speculation = event["speculation"]  # the choice's, when no usage chunk follows
-        return True
+        if self.state.feed(event):
+            self.times.append(now)
+        return self.state.error is None
 
 
 async def stream_chat(http: Any, body: dict[str, Any], path: str = "/v1/chat/completions",
@@ -150,7 +133,7 @@ async def stream_chat(http: Any, body: dict[str, Any], path: str = "/v1/chat/com
     async with http.stream("POST", path, json=body, headers=dict(headers or {})) as r:
         out.status = r.status_code
         if r.status_code != 200:
-            out.error = f"HTTP {r.status_code}: {(await r.aread())[:300].decode(errors='replace')}"
+            out.http_error = f"HTTP {r.status_code}: {(await r.aread())[:300].decode(errors='replace')}"
             out.finished = time.perf_counter()
             return out
         buffer = ""

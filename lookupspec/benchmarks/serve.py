@@ -15,7 +15,7 @@ lookupspec every level runs twice, speculation on (lookup sources --sources) and
 then off, on; ...), so drift in the machine's load hits both modes alike. Warm-up requests run first
 and are not counted. A server started here gets one API key per pass (and per mode's warm-up), so each
 pass runs in a namespace of its own and finds nothing an earlier pass left in the prefix cache or the
-output store (--shared-namespace: one namespace for all, as before); hits within a pass still count.
+output index (--shared-namespace: one namespace for all, as before); hits within a pass still count.
 
 Rules (the JSON's `rules` repeats them):
 - TTFT: request sent to the first SSE event with text, queueing included.
@@ -120,13 +120,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--modes", type=_modes, default=",".join(MODES), help="lookupspec: speculation on, off, or both")
     a("--sources", default="context",
       help="lookup sources when speculation is on; `all`: the server's default, which includes the "
-           "namespace's output store, where a prompt's earlier answer makes its drafts perfect (across "
+           "namespace's output index, where a prompt's earlier answer makes its drafts perfect (across "
            "levels only with --shared-namespace)")
     a("--shared-namespace", action="store_true",
       help="a server started here: run every pass in one namespace. By default each pass (and each "
            "mode's warm-up) has its own API key and so its own namespace, so no pass finds the prompts "
            "an earlier pass left in the prefix cache (or, with --sources all, their answers in the "
-           "output store); shared, later passes get those hits. With --url every request carries "
+           "output index); shared, later passes get those hits. With --url every request carries "
            "--api-key, and the server's caches are the server's")
     a("--warmup", type=non_negative_int, default=None,
       help="uncounted requests per mode before the sweep (sent at once, with --max-tokens); default: "

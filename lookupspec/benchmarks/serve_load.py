@@ -81,8 +81,8 @@ class LoadSettings:
     def warmup_requests(self) -> int:
         """The warm-up's requests per mode. By default the largest level's: a server sizes what it
         keeps per sequence (lookupspec's KV pool, by doubling) for the most sequences it has held, and
-        a pass that first reaches a count pays that growth inside its measured time (under KVM,
-        fresh memory's first touch: 5.8 s of a 32-stream pass of SmolLM2 on a Zen 5 EPYC)."""
+        a pass that first reaches a count would pay that growth inside its measured time (under a
+        hypervisor, fresh memory's first touch can take seconds of a pass)."""
         return max(self.levels) if self.warmup is None else self.warmup
 
 
@@ -97,8 +97,8 @@ def warmup_prompts(prompts: Sequence[BenchPrompt], count: int) -> list[BenchProm
     """A mode's warm-up: ``count`` prompts as a level of ``count`` would send them, the set's longest
     (in characters) among them. lookupspec's KV pool doubles what it keeps per sequence for the
     longest sequence it has held, copying every slot while all streams wait, so the warm-up must
-    hold that one: otherwise the first pass to meet it paid the growth (2.2 s of a 61-s 8-stream pass
-    with speculation, 8 slots grown to 2,048 positions, on an Intel Xeon under Firecracker).
+    hold that one: otherwise the first pass to meet it pays the growth (seconds, for 8 slots grown to
+    2,048 positions).
     Example: prompts a bb c, count 2 -> a bb; prompts a b ccc, count 2 -> a ccc."""
     warm = level_requests(prompts, count, count)
     longest = max(prompts, key=lambda p: sum(len(m["content"]) for m in p.messages))
@@ -179,7 +179,8 @@ async def _send(http: Any, body: dict[str, Any], headers: Mapping[str, str]) -> 
     try:
         return await stream_chat(http, body, headers=headers)
     except httpx.HTTPError as exc:
-        return StreamedResponse(sent=sent, finished=time.perf_counter(), error=f"{type(exc).__name__}: {exc}")
+        return StreamedResponse(sent=sent, finished=time.perf_counter(),
+                                http_error=f"{type(exc).__name__}: {exc}")
 
 
 def cpu_times(stat: str | None = None) -> tuple[int, int] | None:

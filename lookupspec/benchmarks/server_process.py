@@ -6,9 +6,10 @@ own; torch reads them when it starts). ``wait_ready`` polls ``/ready``; ``stop``
 server drains) and kills it if it does not exit within a minute. ``api_key``: one of the keys given
 in ``serve_args`` (``--api-key KEY:NAMESPACE``), for the server's own ``/v1`` calls (``model_id``).
 
-The child runs the lookupspec package this process imported (:func:`child_python`), so a benchmark
-of another checkout (``PYTHONPATH=/path/to/checkout lookupspec bench-serve ...``) measures that
-checkout's server, whatever the working directory holds.
+The child runs this interpreter's lookupspec (:func:`child_python`), whatever the working directory
+holds. To measure another checkout's server, run that checkout's own virtual environment
+(``/path/to/checkout/.venv/bin/lookupspec bench-serve ...``), or point ``bench-serve`` at a server
+already running.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import site
 import socket
 import subprocess
 import sys
@@ -35,20 +35,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_python(env: dict[str, str]) -> list[str]:
-    """The interpreter command for a child process that must import the same lookupspec as this one;
-    updates ``env`` for it. ``python -m`` puts the working directory first on the child's path, ahead
-    of PYTHONPATH, so run from a checkout it imported that checkout's package whatever PYTHONPATH
-    said: ``-P`` (Python 3.11) leaves it off, and PYTHONPATH leads with the directory this package
-    came from (unless that is a site-packages directory, where the child finds it anyway). The
-    child's ``lookupspec.gateway`` and ``lookupspec.kernels`` then come from the same checkout
-    (``lookupspec/_checkout.py``), not from the one an editable install points at."""
-    import lookupspec
-
-    home = Path(lookupspec.__file__).resolve().parent.parent
-    sites = {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
-    if home not in sites:
-        env["PYTHONPATH"] = os.pathsep.join([str(home), *filter(None, [env.get("PYTHONPATH")])])
+def child_python() -> list[str]:
+    """The interpreter command for a child process that must import the same lookupspec as this one.
+    ``python -m`` puts the working directory first on the child's path, so a ``lookupspec/`` folder
+    there would shadow the installed package; ``-P`` (Python 3.11) leaves it off."""
     return [sys.executable, "-P"]
 
 
@@ -62,7 +52,7 @@ class ServeProcess:
         self.log_path = log_path
         self.headers = bearer(api_key)  # for /v1/models
         env = dict(os.environ)
-        self.command = [*child_python(env), "-m", "lookupspec.cli", "serve", "--model", model,
+        self.command = [*child_python(), "-m", "lookupspec.cli", "serve", "--model", model,
                         "--port", str(self.port), "--data-dir", str(data_dir), *serve_args]
         env["PYTHONUNBUFFERED"] = "1"
         if threads:

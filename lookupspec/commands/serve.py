@@ -170,7 +170,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _warm_up(text_engine: Any) -> None:
     """What the first request would otherwise pay for: one short generation, the prompt byte bound
-    (a parse of the tokenizer's JSON: ~0.4 s for SmolLM2 on a Zen 5 EPYC, once) and a chat prompt
+    (a parse of the tokenizer's JSON, ~0.4 s for SmolLM2, once) and a chat prompt
     through the template and the tokenizer."""
     params = text_engine.params(max_tokens=4, temperature=0.0)
     for _ in text_engine.engine.generate([0, 1, 2, 3], params):
@@ -269,7 +269,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket, keys: dict[str, str], 
     from lookupspec.gateway.app import build_app
     from lookupspec.gateway.auth import Authenticator
     from lookupspec.gateway.lifecycle import Lifecycle
-    from lookupspec.gateway.store import StoreError, open_store
+    from lookupspec.store import StoreError, open_store
 
     try:
         # Opened (not started: no replay yet) before serving, so a locked data directory or a bad
@@ -302,7 +302,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
 
     from lookupspec.gateway.app import build_service
     from lookupspec.gateway.config import GatewayConfig
-    from lookupspec.gateway.store import StoreError
+    from lookupspec.store import StoreError
     from lookupspec.text import TextEngine
 
     started = time.perf_counter()

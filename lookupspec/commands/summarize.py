@@ -9,7 +9,7 @@ or sends requests to a `lookupspec serve` gateway with --gateway; either way --c
 in flight, batched into the same decode steps.
 Prints a report at the end: totals, acceptance length and the speedup over plain decoding, measured
 against the first --plain-sample documents decoded again without speculation in the same run (see
-lookupspec.batch.speedup). --plot needs matplotlib, checked before the job starts; the chart covers
+lookupspec.summarize.speedup). --plot needs matplotlib, checked before the job starts; the chart covers
 every document in the output file, so a rerun with nothing left to do still writes it.
 
 --collection NAME drafts from that document collection as well. Over a gateway it must exist there.
@@ -85,14 +85,14 @@ def _missing_optional_dependencies(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lookupspec.batch.inputs import Document, read_documents
-    from lookupspec.batch.interrupts import Interrupts, JobInterrupted
-    from lookupspec.batch.outputs import OutputFile
-    from lookupspec.batch.prompt import DEFAULT_TEMPLATE, PromptTemplate
-    from lookupspec.batch.report import JobReport
-    from lookupspec.batch.summarize import FatalError, JobConfig, plan, run_job
     from lookupspec.client import ClientError
     from lookupspec.models import ModelLoadError
+    from lookupspec.summarize.inputs import Document, read_documents
+    from lookupspec.summarize.interrupts import Interrupts, JobInterrupted
+    from lookupspec.summarize.job import FatalError, JobConfig, plan, run_job
+    from lookupspec.summarize.outputs import OutputFile
+    from lookupspec.summarize.prompt import DEFAULT_TEMPLATE, PromptTemplate
+    from lookupspec.summarize.report import JobReport
 
     def log(message: str) -> None:
         print(message, file=sys.stderr)
@@ -171,7 +171,7 @@ def _connect(args: argparse.Namespace, log: Any) -> Any:
 def _finish(report: Any, client: Any, args: argparse.Namespace) -> int:
     """Print the report (standard output), write the plot, close the client. Returns an exit status
     (0, or 2 when the plot could not be written)."""
-    from lookupspec.batch.outputs import read_records
+    from lookupspec.summarize.outputs import read_records
 
     status = 0
     try:

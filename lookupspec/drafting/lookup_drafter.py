@@ -1,8 +1,8 @@
 """The lookup drafter: ask one or more token stores, score by counts and statistics.
 
 One class serves the three lookup sources; the source name is an argument: ``context`` over the
-request's own ``ContextStore``, ``corpus`` over the ``CorpusStore`` of each collection it may read,
-``output`` over the namespace's ``OutputStore``. Example::
+request's own ``ContextIndex``, ``corpus`` over the ``CorpusIndex`` of each collection it may read,
+``output`` over the namespace's ``OutputIndex``. Example::
 
     drafter = LookupDrafter((docs_a, docs_b), LookupConfig(), stats=process_wide["corpus"], name="corpus")
     drafter.propose(tail, budget=16)   # -> [Candidate], one per store with a match
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lookupspec.index import LookupConfig, TokenStore
+from lookupspec.index import LookupConfig, TokenIndex
 
 from .base import Candidate
 from .scoring import capped_config, score_continuations
@@ -31,7 +31,7 @@ __all__ = ["LookupDrafter"]
 class LookupDrafter:
     """Drafts from ``stores`` (one candidate per store with a match) under one source name."""
 
-    def __init__(self, stores: Sequence[TokenStore], cfg: LookupConfig, *,
+    def __init__(self, stores: Sequence[TokenIndex], cfg: LookupConfig, *,
                  stats: AcceptanceStats | None = None, name: str) -> None:
         if not isinstance(cfg, LookupConfig):
             raise TypeError(f"cfg must be a LookupConfig, got {type(cfg).__name__}")

@@ -3,7 +3,7 @@
 ``LookupDrafting`` lives as long as the engine. It owns one :class:`AcceptanceStats` per lookup
 source, so what the context, corpus and output lookups have learned about their own accuracy (per
 match length) carries over from request to request. ``session(context, spec, scope)`` builds a
-request's drafters: a fresh ``ContextStore`` over the prompt, plus the corpus and output stores that the
+request's drafters: a fresh ``ContextIndex`` over the prompt, plus the corpus and output indexes that the
 request's :class:`LookupScope` grants, restricted to ``spec.sources``, merged by a ``Composer``.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lookupspec.index import ContextStore, LookupConfig
+from lookupspec.index import ContextIndex, LookupConfig
 from lookupspec.params import LOOKUP_SOURCES, LookupScope, SpecParams
 
 from .base import Drafter, DraftTree, ProposedTree
@@ -32,7 +32,7 @@ class LookupSession:
                  scope: LookupScope | None) -> None:
         cfg = drafting.cfg
         self.tokens: list[int] = [int(t) for t in context]
-        self.store = ContextStore(np.asarray(self.tokens, dtype=np.int32))
+        self.store = ContextIndex(np.asarray(self.tokens, dtype=np.int32))
         drafters: list[Drafter] = []
         if "context" in spec.sources:
             drafters.append(LookupDrafter((self.store,), cfg, stats=drafting.stats["context"],

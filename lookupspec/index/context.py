@@ -1,4 +1,4 @@
-"""The context store: one per request, the prompt plus every token generated so far.
+"""The context index: one per request, the prompt plus every token generated so far.
 
 Structure: **one exact hash chain per n-gram length** ``L = 1..max_ngram`` (hash chains as in LZ77
 match finders, but per length so that the head of a chain is always the most recent occurrence of
@@ -40,10 +40,10 @@ import numpy as np
 from numba import njit
 
 from .lookup import Continuations, LookupConfig, as_tokens, continuations_from, tail_array
-from .serialize import CorruptStoreError, pack, unpack
+from .serialize import CorruptIndexError, pack, unpack
 from .tree import OUT_ROWS, expand_tree, workspace_size
 
-__all__ = ["ContextStore"]
+__all__ = ["ContextIndex"]
 
 _SEED = np.uint64(0x9E3779B97F4A7C15)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -215,7 +215,7 @@ def _next_pow2(x: int) -> int:
     return 1 << max(int(x) - 1, 1).bit_length()
 
 
-class ContextStore:
+class ContextIndex:
     """Token ids of one request; ``extend`` as tokens are accepted, ``lookup`` each step.
 
     Not thread-safe: one request, one thread (the engine's decode loop).
@@ -283,7 +283,7 @@ class ContextStore:
 
     def lookup_into(self, tail: np.ndarray, cfg: LookupConfig, out: np.ndarray,
                     at: int) -> tuple[int, int, int]:
-        """``lookup`` writing the tree to ``out`` [5, >= at + max_nodes] int64 (see ``TokenStore``)."""
+        """``lookup`` writing the tree to ``out`` [5, >= at + max_nodes] int64 (see ``TokenIndex``)."""
         tail = tail_array(tail)
         if self._n < 2 or tail.shape[0] == 0:
             return 0, 0, 0
@@ -302,13 +302,13 @@ class ContextStore:
         return pack(self._FORMAT_KIND, {"max_ngram": self._a, "n": self._n}, [self._tok[: self._n]])
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> ContextStore:
+    def from_bytes(cls, data: bytes) -> ContextIndex:
         meta, arrays = unpack(data, cls._FORMAT_KIND, ["int32"])
         a = meta.get("max_ngram")
         if not isinstance(a, int) or not 1 <= a <= _MAX_NGRAM or meta.get("n") != arrays[0].shape[0]:
-            raise CorruptStoreError("context store: bad metadata")
+            raise CorruptIndexError("context index: bad metadata")
         if arrays[0].size and int(arrays[0].min()) < 0:
-            raise CorruptStoreError("context store: negative token id")
+            raise CorruptIndexError("context index: negative token id")
         return cls(arrays[0], max_ngram=a)
 
 
@@ -321,7 +321,7 @@ def _warmup() -> None:
     if _WARM:
         return
     _WARM = True
-    s = ContextStore.__new__(ContextStore)
+    s = ContextIndex.__new__(ContextIndex)
     s._a, s._n = 2, 0
     s._tok = np.empty(8, np.int32)
     s._prev = np.empty((2, 8), np.int32)

@@ -1,4 +1,4 @@
-"""The corpus store: one per document collection (RAG documents), millions of tokens.
+"""The corpus index: one per document collection (RAG documents), millions of tokens.
 
 Documents live in immutable suffix-array segments (``segments.py``): lookups in O(log n) whatever
 the pattern's frequency, about 8 bytes per indexed token, a radix-sort build, and add/delete while
@@ -7,7 +7,7 @@ SEP, which no pattern contains).
 
 Worked example::
 
-    store = CorpusStore()
+    store = CorpusIndex()
     store.add_document("d1", [5, 6, 7, 8])
     store.add_document("d2", [5, 6, 9])
     c = store.lookup(np.array([1, 5, 6], np.int32), LookupConfig())
@@ -24,10 +24,10 @@ from .lookup import Continuations, LookupConfig
 from .segments import Segment, SegmentSet
 from .serialize import pack, unpack
 
-__all__ = ["CorpusStore"]
+__all__ = ["CorpusIndex"]
 
 
-class CorpusStore:
+class CorpusIndex:
     """A document collection. Thread-safe: one writer at a time, lookups never block."""
 
     _FORMAT_KIND = "corpus"
@@ -79,7 +79,7 @@ class CorpusStore:
 
     def lookup_into(self, tail: np.ndarray, cfg: LookupConfig, out: np.ndarray,
                     at: int) -> tuple[int, int, int]:
-        """``lookup`` writing the tree to ``out`` [5, >= at + max_nodes] int64 (see ``TokenStore``)."""
+        """``lookup`` writing the tree to ``out`` [5, >= at + max_nodes] int64 (see ``TokenIndex``)."""
         return self._set.lookup_into(tail, cfg, out, at)
 
     def to_bytes(self) -> bytes:
@@ -87,7 +87,7 @@ class CorpusStore:
         return pack(self._FORMAT_KIND, meta, arrays)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> CorpusStore:
+    def from_bytes(cls, data: bytes) -> CorpusIndex:
         meta, arrays = unpack(data, cls._FORMAT_KIND)
         out = cls.__new__(cls)
         out._set = SegmentSet.from_payload(meta, arrays)

@@ -76,12 +76,12 @@ def ensure_coherent() -> None:
 def compile_all() -> None:
     """Compile (or load from numba's cache) every kernel of the index and drafting modules, through
     the warm-ups they run on first use. On a fresh install each process that reaches a kernel before
-    its cache file exists compiles it (~40 s of one core for all of them on a 2-core Zen 3); `make
+    its cache file exists compiles it (tens of seconds of one core for all of them); `make
     serve` and `make test` run this beside `lookupspec pull`, so the server and the test workers find
     the caches written. Loading them all from the cache takes about a second."""
     from lookupspec.drafting import composer, scoring  # noqa: F401 - they compile at import
-    from lookupspec.index.context import ContextStore
-    from lookupspec.index.corpus import CorpusStore
+    from lookupspec.index.context import ContextIndex
+    from lookupspec.index.corpus import CorpusIndex
 
-    ContextStore()
-    CorpusStore()
+    ContextIndex()
+    CorpusIndex()

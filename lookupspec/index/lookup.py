@@ -30,7 +30,7 @@ last_seen 8) then ``d`` (count 1); under ``c``: ``a`` (count 1: the second ``c``
 
 Evidence (what keeps every lookup O(1) in the store size): the tree is built from at most
 ``max_occurrences`` occurrences of the matched suffix, and ``counts`` / ``num_occurrences`` count
-among those. The context store takes the most recent ones (see ``context.py``); the suffix-array
+among those. The context index takes the most recent ones (see ``context.py``); the suffix-array
 stores take all of them when there are few enough, else ``max_occurrences`` evenly spaced ones in
 suffix-array order, which is sorted by what follows the match: a sample stratified by continuation,
 so every continuation holding more than ``1 / max_occurrences`` of the occurrences is represented
@@ -50,7 +50,7 @@ __all__ = [
     "SEP",
     "Continuations",
     "LookupConfig",
-    "TokenStore",
+    "TokenIndex",
     "as_tokens",
     "continuations_from",
     "empty_continuations",
@@ -190,7 +190,7 @@ def continuations_from(out: np.ndarray, at: int, match_len: int, n: int,
 
 
 @runtime_checkable
-class TokenStore(Protocol):
+class TokenIndex(Protocol):
     """What every store offers the drafters. ``lookup_into`` is the allocation-free form the composer
     uses each decode step: it writes the tree to ``out`` [5, >= at + cfg.max_nodes] int64 (rows: token,
     parent, count, last_seen, depth) and returns (match_len, nodes, num_occurrences)."""

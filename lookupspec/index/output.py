@@ -1,4 +1,4 @@
-"""The output store: one per namespace, earlier outputs (and optionally prompts), oldest evicted first.
+"""The output index: one per namespace, earlier outputs (and optionally prompts), oldest evicted first.
 
 Each appended output is a document of a segment set (``segments.py``), so outputs never match across
 each other's boundaries and lookups count exactly. When the live tokens exceed ``cap_tokens`` the
@@ -7,7 +7,7 @@ oldest outputs are deleted until at most ``evict_to * cap_tokens`` remain: the s
 tokens instead of on every append. A single output longer than the cap keeps only its last
 ``cap_tokens`` tokens.
 
-Worked example: ``OutputStore(cap_tokens=10, evict_to=0.5)``; append 4, 4, then 4 tokens: 12 > 10, so
+Worked example: ``OutputIndex(cap_tokens=10, evict_to=0.5)``; append 4, 4, then 4 tokens: 12 > 10, so
 the oldest outputs go until <= 5 remain: only the newest output (4 tokens) is left.
 """
 
@@ -19,12 +19,12 @@ import numpy as np
 
 from .lookup import Continuations, LookupConfig, as_tokens
 from .segments import Segment, SegmentSet
-from .serialize import CorruptStoreError, pack, unpack
+from .serialize import CorruptIndexError, pack, unpack
 
-__all__ = ["OutputStore"]
+__all__ = ["OutputIndex"]
 
 
-class OutputStore:
+class OutputIndex:
     """Append-only, size-capped. Thread-safe: appends serialize, lookups never block."""
 
     _FORMAT_KIND = "output"
@@ -86,7 +86,7 @@ class OutputStore:
 
     def lookup_into(self, tail: np.ndarray, cfg: LookupConfig, out: np.ndarray,
                     at: int) -> tuple[int, int, int]:
-        """``lookup`` writing the tree to ``out`` [5, >= at + max_nodes] int64 (see ``TokenStore``)."""
+        """``lookup`` writing the tree to ``out`` [5, >= at + max_nodes] int64 (see ``TokenIndex``)."""
         return self._set.lookup_into(tail, cfg, out, at)
 
     def to_bytes(self) -> bytes:
@@ -96,17 +96,17 @@ class OutputStore:
             return pack(self._FORMAT_KIND, meta, arrays)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> OutputStore:
+    def from_bytes(cls, data: bytes) -> OutputIndex:
         meta, arrays = unpack(data, cls._FORMAT_KIND)
         cap, evict_to, seq = meta.get("cap_tokens"), meta.get("evict_to"), meta.get("seq")
         if (not isinstance(cap, int) or cap < 1 or not isinstance(evict_to, int | float)
                 or not 0.0 < evict_to <= 1.0 or not isinstance(seq, int) or seq < 0):
-            raise CorruptStoreError("output store: bad metadata")
+            raise CorruptIndexError("output index: bad metadata")
         out = cls(cap, evict_to=float(evict_to))
         out._set = SegmentSet.from_payload(meta, arrays)
         out._seq = seq
         docs = out._set.oldest_documents()
         if any(not d.isdigit() or int(d) >= seq for d, _ in docs):
-            raise CorruptStoreError("output store: bad output ids")
+            raise CorruptIndexError("output index: bad output ids")
         out._fifo = docs
         return out

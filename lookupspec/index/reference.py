@@ -3,9 +3,9 @@
 Each function restates a contract from the module that owns it, with lists and brute force:
 
 - ``ref_suffix_keys`` / ``ref_sa_range``  <- ``suffix_array.build_sa`` / ``sa_range``
-- ``ref_prev_chains``                    <- the context store's per-length hash chains
-- ``ref_lookup_docs``                    <- ``CorpusStore`` / ``OutputStore`` lookups (segments + tree)
-- ``ref_lookup_context``                 <- ``ContextStore.lookup``
+- ``ref_prev_chains``                    <- the context index's per-length hash chains
+- ``ref_lookup_docs``                    <- ``CorpusIndex`` / ``OutputIndex`` lookups (segments + tree)
+- ``ref_lookup_context``                 <- ``ContextIndex.lookup``
 - ``ref_expand``                         <- ``tree.expand_tree`` (ranking and emission order)
 """
 
@@ -129,7 +129,7 @@ def _occurrences(doc: Sequence[int], pat: list[int]) -> list[int]:
 
 def ref_lookup_docs(docs: Sequence[Sequence[int]], bases: Sequence[int], tail: Sequence[int],
                     cfg: LookupConfig, segments: Sequence[Sequence[int]] | None = None) -> Continuations:
-    """A segment store's lookup: exact longest match over all documents; the evidence is every
+    """A segment index's lookup: exact longest match over all documents; the evidence is every
     occurrence with a next token, or ``max_occurrences`` of them at the midpoints of equal strata
     of the occurrences in suffix-array order (``segments``: document indices per segment, oldest
     first; default one segment). Entries with equal sort keys continue identically, so the counts
@@ -153,7 +153,7 @@ def ref_lookup_docs(docs: Sequence[Sequence[int]], bases: Sequence[int], tail: S
 
 def ref_lookup_context(tokens: Sequence[int], tail: Sequence[int], cfg: LookupConfig,
                        max_ngram: int) -> Continuations:
-    """The context store's lookup (steps 1-4 of ``context.py``)."""
+    """The context index's lookup (steps 1-4 of ``context.py``)."""
     tokens = [int(t) for t in tokens]
     tail = [int(t) for t in tail]
     lcap = min(cfg.max_match, len(tail))

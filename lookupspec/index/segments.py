@@ -1,4 +1,4 @@
-"""Immutable suffix-array segments and the log-structured set of them behind corpus and output stores.
+"""Immutable suffix-array segments and the log-structured set of them behind corpus and output indexes.
 
 A **segment** is a batch of documents laid out as ``doc SEP doc SEP ...`` with its suffix array
 (``suffix_array.py``): 8 bytes per token plus the document table. Segments never change once
@@ -48,7 +48,7 @@ import numpy as np
 from numba import njit
 
 from .lookup import SEP, Continuations, LookupConfig, as_tokens, continuations_from, tail_array
-from .serialize import CorruptStoreError
+from .serialize import CorruptIndexError
 from .suffix_array import build_sa, filter_sa, sa_range, validate_sa
 from .tree import OUT_ROWS, Workspace, expand_tree, workspace_size
 
@@ -479,9 +479,9 @@ class SegmentSet:
         segs_meta = meta.get("segments")
         next_base = meta.get("next_base")
         if not isinstance(segs_meta, list) or not isinstance(next_base, int) or next_base < 0:
-            raise CorruptStoreError("bad segment metadata")
+            raise CorruptIndexError("bad segment metadata")
         if len(arrays) != 6 * len(segs_meta):
-            raise CorruptStoreError("array count does not match the segment table")
+            raise CorruptIndexError("array count does not match the segment table")
         segments = []
         all_ids: set[str] = set()
         dtypes = (np.int32, np.int32, np.int64, np.int64, np.int64, np.bool_)
@@ -490,7 +490,7 @@ class SegmentSet:
             ids = sm.get("doc_ids") if isinstance(sm, dict) else None
             if (not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)
                     or any(a.dtype != t for a, t in zip(arrays[6 * k:6 * k + 6], dtypes, strict=True))):
-                raise CorruptStoreError(f"segment {k}: bad layout")
+                raise CorruptIndexError(f"segment {k}: bad layout")
             _check_docs(k, text, starts, lens, bases, alive, len(ids), next_base)
             live = np.zeros(text.shape[0], np.bool_)
             for s, n, a in zip(starts, lens, alive, strict=True):
@@ -498,11 +498,11 @@ class SegmentSet:
                     live[s:s + n] = True
             code = validate_sa(text, sa, live)
             if code:
-                raise CorruptStoreError(f"segment {k}: invalid suffix array (check {code})")
+                raise CorruptIndexError(f"segment {k}: invalid suffix array (check {code})")
             for i, doc_id in enumerate(ids):
                 if alive[i]:
                     if doc_id in all_ids:
-                        raise CorruptStoreError(f"duplicate live document id {doc_id!r}")
+                        raise CorruptIndexError(f"duplicate live document id {doc_id!r}")
                     all_ids.add(doc_id)
             segments.append(Segment(text, sa, tuple(ids), starts, lens, bases, alive))
         out = cls(**kwargs)
@@ -516,16 +516,16 @@ def _check_docs(k: int, text: np.ndarray, starts: np.ndarray, lens: np.ndarray, 
     """Document table of segment k: contiguous docs, SEP after each, increasing bases."""
     d = starts.shape[0]
     if not (d == lens.shape[0] == bases.shape[0] == alive.shape[0] == n_ids) or d == 0:
-        raise CorruptStoreError(f"segment {k}: document table sizes disagree")
+        raise CorruptIndexError(f"segment {k}: document table sizes disagree")
     if (lens < 0).any() or starts[0] != 0 or (bases < 0).any():
-        raise CorruptStoreError(f"segment {k}: bad document table")
+        raise CorruptIndexError(f"segment {k}: bad document table")
     ends = starts + lens  # position of each document's SEP
     if (starts[1:] != ends[:-1] + 1).any() or ends[-1] + 1 != text.shape[0]:
-        raise CorruptStoreError(f"segment {k}: documents do not tile the text")
+        raise CorruptIndexError(f"segment {k}: documents do not tile the text")
     if (bases[1:] < bases[:-1] + lens[:-1] + 1).any() or bases[-1] + lens[-1] + 1 > next_base:
-        raise CorruptStoreError(f"segment {k}: document positions overlap")
+        raise CorruptIndexError(f"segment {k}: document positions overlap")
     if (text[ends] != SEP).any() or int((text == SEP).sum()) != d or (text < SEP).any():
-        raise CorruptStoreError(f"segment {k}: separators misplaced")
+        raise CorruptIndexError(f"segment {k}: separators misplaced")
 
 
 _WARM = False

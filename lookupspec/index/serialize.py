@@ -9,7 +9,7 @@ Layout (little-endian)::
 
 ``unpack`` checks, in order: length of the header, magic, version, kind, payload length, CRC32 of
 the payload, the JSON, the array table (known dtypes, lengths that add up to the bytes present).
-Any failure raises ``CorruptStoreError`` (a ``ValueError``). Arrays come back as fresh, aligned,
+Any failure raises ``CorruptIndexError`` (a ``ValueError``). Arrays come back as fresh, aligned,
 writable copies, so a store never points numba at untrusted memory layouts; each store then
 validates the *contents* (ranges, sortedness) before any numba kernel indexes with them.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "CorruptStoreError", "pack", "unpack"]
+__all__ = ["FORMAT_VERSION", "CorruptIndexError", "pack", "unpack"]
 
 MAGIC = b"LKSPIDX1"
 FORMAT_VERSION = 1
@@ -31,7 +31,7 @@ _HEADER = struct.Struct("<8sHHQI")
 _DTYPES: dict[str, np.dtype] = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8"), "bool": np.dtype("bool")}
 
 
-class CorruptStoreError(ValueError):
+class CorruptIndexError(ValueError):
     """Serialized store bytes that are truncated, corrupted, of another kind or another version."""
 
 
@@ -59,50 +59,50 @@ def unpack(data: bytes, kind: str,
         raise TypeError(f"expected bytes, got {type(data).__name__}")
     buf = memoryview(data).cast("B")
     if len(buf) < _HEADER.size:
-        raise CorruptStoreError(f"truncated: {len(buf)} bytes is shorter than the header")
+        raise CorruptIndexError(f"truncated: {len(buf)} bytes is shorter than the header")
     magic, version, klen, plen, crc = _HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
-        raise CorruptStoreError("not a lookupspec store (bad magic)")
+        raise CorruptIndexError("not a lookupspec store (bad magic)")
     if version != FORMAT_VERSION:
-        raise CorruptStoreError(f"unsupported store format version {version} (this build reads "
+        raise CorruptIndexError(f"unsupported store format version {version} (this build reads "
                                 f"{FORMAT_VERSION})")
     start = _HEADER.size + klen
     if len(buf) < start:
-        raise CorruptStoreError("truncated store kind")
+        raise CorruptIndexError("truncated store kind")
     got_kind = bytes(buf[_HEADER.size:start]).decode("utf-8", errors="replace")
     if got_kind != kind:
-        raise CorruptStoreError(f"expected a {kind!r} store, got {got_kind!r}")
+        raise CorruptIndexError(f"expected a {kind!r} store, got {got_kind!r}")
     if len(buf) != start + plen:
-        raise CorruptStoreError(f"truncated or padded: payload is {len(buf) - start} bytes, "
+        raise CorruptIndexError(f"truncated or padded: payload is {len(buf) - start} bytes, "
                                 f"header says {plen}")
     payload = buf[start:]
     if zlib.crc32(payload) != crc:
-        raise CorruptStoreError("checksum mismatch: the bytes are corrupted")
+        raise CorruptIndexError("checksum mismatch: the bytes are corrupted")
     if plen < 4:
-        raise CorruptStoreError("payload too short")
+        raise CorruptIndexError("payload too short")
     (mlen,) = struct.unpack_from("<I", payload, 0)
     if 4 + mlen > plen:
-        raise CorruptStoreError("metadata length exceeds payload")
+        raise CorruptIndexError("metadata length exceeds payload")
     try:
         meta = json.loads(bytes(payload[4:4 + mlen]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptStoreError(f"bad metadata: {e}") from None
+        raise CorruptIndexError(f"bad metadata: {e}") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("arrays"), list):
-        raise CorruptStoreError("bad metadata: no array table")
+        raise CorruptIndexError("bad metadata: no array table")
     arrays = []
     off = 4 + mlen
     for entry in meta["arrays"]:
         if (not isinstance(entry, list) or len(entry) != 2 or entry[0] not in _DTYPES
                 or not isinstance(entry[1], int) or entry[1] < 0):
-            raise CorruptStoreError(f"bad array table entry {entry!r}")
+            raise CorruptIndexError(f"bad array table entry {entry!r}")
         dt = _DTYPES[entry[0]]
         nbytes = entry[1] * dt.itemsize
         if off + nbytes > plen:
-            raise CorruptStoreError("array data truncated")
+            raise CorruptIndexError("array data truncated")
         arrays.append(np.frombuffer(payload[off:off + nbytes], dtype=dt).astype(dt.newbyteorder("=")))
         off += nbytes
     if off != plen:
-        raise CorruptStoreError("trailing bytes after the arrays")
+        raise CorruptIndexError("trailing bytes after the arrays")
     if dtypes is not None and [e[0] for e in meta["arrays"]] != dtypes:
-        raise CorruptStoreError(f"unexpected array layout {meta['arrays']!r}")
+        raise CorruptIndexError(f"unexpected array layout {meta['arrays']!r}")
     return meta, arrays

@@ -1,7 +1,7 @@
 """Best-first expansion of a continuation tree over a list of occurrences (numba).
 
 Every store reduces a lookup to the same problem. It finds the longest matching suffix and picks
-the *evidence*: at most ``max_occurrences`` occurrences of it (the context store: the most recent;
+the *evidence*: at most ``max_occurrences`` occurrences of it (the context index: the most recent;
 suffix-array stores: evenly spaced in suffix-array order, i.e. a sample stratified by continuation).
 Each occurrence is two numbers:
 

@@ -3,7 +3,7 @@
 - ``runner.py``: :class:`ModelRunner`, the seam the engine calls (``prefill`` in chunks, ``forward``
   over a ragged batch), its self-check and batch-invariance probe; :func:`prepare_models` (load-time
   packing of the linear layers).
-- ``batch.py``: :class:`SeqRows` (one sequence's rows in a forward) and :class:`RaggedBatch` (the
+- ``ragged.py``: :class:`SeqRows` (one sequence's rows in a forward) and :class:`RaggedBatch` (the
   flattened inputs and per-sequence masks, sliding windows included).
 - ``attention.py``: the runtime's attention (per sequence, over its slot), registered with
   transformers so that any architecture's own forward can run a ragged batch; ``cpu_attention.py``
@@ -18,11 +18,11 @@
 """
 
 from .attention import ATTN_NAME, active_batch, attend, use_runtime_attention
-from .batch import RaggedBatch, SeqRows
 from .cpu_linear import FusedLinears, PackedLinear, pack_linears, packing_available
 from .kvcache import KVCache
 from .kvpool import LayerSpec, PoolFull, SlotPool
 from .lean import LeanForward
+from .ragged import RaggedBatch, SeqRows
 from .runner import ModelRunner, RuntimeUnsupported, layer_specs, prepare_models
 
 __all__ = [

@@ -5,7 +5,7 @@ transformers' own forward alike. It writes the batch's new keys and values into 
 :class:`~lookupspec.runtime.kvpool.SlotPool` (one indexed copy per tensor and layer), then attends:
 on the CPU in float32 through :mod:`~lookupspec.runtime.cpu_attention` (one native call for the
 whole batch), elsewhere with ``scaled_dot_product_attention`` once per sequence, over exactly
-that sequence's keys with its own mask (:mod:`lookupspec.runtime.batch`). Either way a sequence's
+that sequence's keys with its own mask (:mod:`lookupspec.runtime.ragged`). Either way a sequence's
 attention is the same computation whatever else is in the batch, which is what makes a batched
 forward bit-identical to the batch-of-one forward wherever the row-wise ops are (see
 ``ModelRunner``'s probe).
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from . import cpu_attention
 
 if TYPE_CHECKING:
-    from .batch import RaggedBatch
+    from .ragged import RaggedBatch
 
 __all__ = ["ATTN_NAME", "active_batch", "attend", "gqa_sdpa_attention", "layer_pool", "unplanned_sdpa",
            "use_runtime_attention"]
@@ -55,8 +55,8 @@ def active_batch(batch: RaggedBatch) -> Iterator[None]:
 
 def unplanned_sdpa(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """On CUDA: ``scaled_dot_product_attention`` without cuDNN's backend, which builds (and caches) a
-    graph for every new shape: 66 ms for the first call at each new key length of a decode row
-    against 0.13 ms with flash attention (an H100, torch 2.11, bfloat16), while a decode row's key
+    graph for every new shape (tens of milliseconds for the first call at each new key length of a
+    decode row, against a fraction of a millisecond with flash attention), while a decode row's key
     length is new at nearly every step. Flash attention plans nothing per shape. Elsewhere: torch's
     own choice. Runtime forwards use it for unmasked views, and for masked ones where the runner's
     probe allows (:func:`attend`); a draft model's forwards, whose numbers only need to be
@@ -71,7 +71,7 @@ def unplanned_sdpa(device: torch.device) -> contextlib.AbstractContextManager[An
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | str | None,
           scaling: float | None) -> torch.Tensor:
     """q [1, H, n, d], k/v [1, KV, L, d] -> [1, H, n, dv]."""
-    from .batch import CAUSAL
+    from .ragged import CAUSAL
 
     gqa = q.shape[1] != k.shape[1]
     if gqa and isinstance(mask, torch.Tensor) and q.is_cuda:
@@ -91,7 +91,7 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     """Attention written out (soft-capped logits, sinks).
 
     q [1, H, n, d], k/v [1, KV, L, d] -> [1, H, n, dv]."""
-    from .batch import CAUSAL
+    from .ragged import CAUSAL
 
     heads, kv_heads, n, d = q.shape[1], k.shape[1], q.shape[2], q.shape[3]
     g = heads // kv_heads

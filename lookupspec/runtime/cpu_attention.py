@@ -33,7 +33,7 @@ import torch
 from .native_build import LazyLibrary
 
 if TYPE_CHECKING:
-    from .batch import RaggedBatch
+    from .ragged import RaggedBatch
 
 __all__ = ["NativePlan", "applies", "attend_native", "kernel", "kernel_error"]
 
@@ -85,7 +85,7 @@ class NativePlan:
 
     @classmethod
     def of(cls, batch: RaggedBatch, group: int) -> NativePlan:
-        from .batch import CAUSAL
+        from .ragged import CAUSAL
 
         rows, parts, offset = [], [], 0
         for view in batch.views:

@@ -9,7 +9,7 @@ top of weights that are read from memory anyway.
 same order* as transformers' ``LlamaModel``/``Qwen2Model``/``MistralModel`` (RMSNorm as
 ``x * rsqrt(mean(x^2) + eps)`` then the weight, rotary embeddings with ``rotate_half``, the SiLU-gated
 MLP) and the runtime's own attention (:func:`~lookupspec.runtime.attention.attend`, which the
-runner's transformers path uses too), over a :class:`~lookupspec.runtime.batch.RaggedBatch`. Its logits
+runner's transformers path uses too), over a :class:`~lookupspec.runtime.ragged.RaggedBatch`. Its logits
 and KV entries are bit-identical to the runner's transformers path (tested on the tiny families and on
 SmolLM2). The runner uses it for every forward: decode, verification and prefill chunks, alone or
 sharing one forward.
@@ -45,7 +45,7 @@ from . import cpu_attention, lean_native
 from .attention import attend, layer_pool
 
 if TYPE_CHECKING:
-    from .batch import RaggedBatch
+    from .ragged import RaggedBatch
 
 __all__ = ["LeanForward"]
 

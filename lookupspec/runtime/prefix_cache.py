@@ -27,9 +27,10 @@ namespace), the same isolation as documents and outputs.
 
 Memory: at most ``max_bytes``; least recently used leaf blocks (no cached child depends on them) are
 evicted first. An evicted block's buffers (two blocks' at most, beyond ``max_bytes``) take the next
-stored block: a fresh 6 MB buffer (SmolLM2's 128-token block) cost ~8 ms of page faults on a 2-core
-EPYC, whatever the allocator had just freed, and a copy into a used one 0.07 ms; a cache that is full
-stores a block per eviction, inside the scheduler's loop, where every stream waits for it.
+stored block: a fresh buffer's pages are faulted in on first write whatever the allocator had just
+freed (~8 ms for SmolLM2's 6 MB 128-token block, a hundred times the copy into a used one), and a
+cache that is full stores a block per eviction, inside the scheduler's loop, where every stream waits
+for it.
 
 A prompt reuses at most ``(len - 1) // C`` blocks: its last token is always prefilled, since its
 logits choose the first token.

@@ -4,7 +4,7 @@ The engine hands the runner token ids and tree structure; the runner owns everyt
 the target model: the attention implementation it is switched to, the lean forward where the
 architecture allows one, the KV :class:`~lookupspec.runtime.kvpool.SlotPool`, device and dtype.
 
-- ``forward(seqs, keep)`` runs a ragged batch (:mod:`lookupspec.runtime.batch`): every sequence's
+- ``forward(seqs, keep)`` runs a ragged batch (:mod:`lookupspec.runtime.ragged`): every sequence's
   rows (root + draft nodes, one token, or a chunk of a prompt) in one forward, each attending only to
   its own cache. Logits come back in one ``[rows, vocab]`` tensor, or only those of the rows in
   ``keep`` (a prompt chunk needs its last row's: the LM head over a 128-row chunk would cost a third
@@ -52,9 +52,9 @@ import torch
 from lookupspec.kernels import HostStage
 
 from .attention import active_batch, unplanned_sdpa, use_runtime_attention
-from .batch import RaggedBatch, SeqRows
 from .kvpool import LayerSpec, PoolFull, SlotPool
 from .lean import LeanForward
+from .ragged import RaggedBatch, SeqRows
 
 __all__ = ["ModelRunner", "RuntimeUnsupported", "layer_specs", "prepare_models"]
 

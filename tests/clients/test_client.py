@@ -103,7 +103,7 @@ def _wait_for_outputs(client, gateway, count: int) -> None:
 
 def test_both_clients_plan_lookup_scope_and_output_appends_the_same_way(client, tiny_gateway) -> None:
     """One planning path (lookupspec.planning) for both: the output of a request that did not
-    speculate still feeds later requests; the output store and inline documents are used only when
+    speculate still feeds later requests; the output index and inline documents are used only when
     speculating with their source."""
     prompt = f"Planning rules seen by {type(client).__name__}: one, two,"
     plain = GenerationRequest(prompt=prompt, max_tokens=24, lookup=Lookup(enabled=False))
@@ -176,8 +176,8 @@ def test_in_process_requests_are_counted_in_the_engine_aggregate(local_client) -
 
 def test_a_closed_local_client_refuses_requests_and_starts_no_scheduler(local_client) -> None:
     """`lookupspec summarize` retries a 503 after 0.5 s, and Ctrl-C closes its client with requests in
-    flight: the retry used to start a new scheduler thread, whose forwards then ran while the process
-    exited (an abort at interpreter shutdown, seen once in a full test run)."""
+    flight: the retry must not start a new scheduler thread, whose forwards would run while the
+    process exits (an abort at interpreter shutdown)."""
     from lookupspec.client import LocalClient
 
     c = LocalClient(local_client.engine)  # the module's engine, a client of its own
@@ -186,5 +186,5 @@ def test_a_closed_local_client_refuses_requests_and_starts_no_scheduler(local_cl
     with pytest.raises(ClientError) as err:
         c.complete(GenerationRequest(prompt="After", max_tokens=2))
     assert err.value.status == 503 and err.value.code == "shutting_down"
-    assert c._sched is None
+    assert not c.service.worker_alive  # closing started no new scheduler
     c.close()  # closing twice is harmless

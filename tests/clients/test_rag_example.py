@@ -80,10 +80,10 @@ def test_rag_example_end_to_end_against_a_gateway(tiny_gateway, tmp_path: Path) 
 
 def test_a_second_server_on_the_gateways_data_directory_is_told_who_holds_it_and_about_data_dir(
         tiny_gateway) -> None:
-    """The README's RAG block used to start `lookupspec serve &` next to a running `make serve`: the
-    store's error, which `serve` prints as `error: ...`, must say which process, on which port, holds
-    the data directory, and how to use another one."""
-    from lookupspec.gateway.store import EmbeddedConfig, EmbeddedLog, StoreLockedError
+    """A second `lookupspec serve` on a data directory that a running server holds (one started next
+    to `make serve`, say) stops, and the store's error, which `serve` prints as `error: ...`, says
+    which process, on which port, holds the data directory, and how to use another one."""
+    from lookupspec.store import EmbeddedConfig, EmbeddedLog, StoreLockedError
 
     with pytest.raises(StoreLockedError) as caught:
         EmbeddedLog(EmbeddedConfig(tiny_gateway.data_dir))

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from lookupspec.batch.inputs import BadInput, Document, read_documents
-from lookupspec.batch.interrupts import Interrupts, JobInterrupted
-from lookupspec.batch.outputs import OutputFile
-from lookupspec.batch.prompt import DEFAULT_TEMPLATE, PromptTemplate
-from lookupspec.batch.report import JobReport
-from lookupspec.batch.speedup import PlainSample, measure_speedup, step_spread
-from lookupspec.batch.summarize import FatalError, JobConfig, plan
+from lookupspec.summarize.inputs import BadInput, Document, read_documents
+from lookupspec.summarize.interrupts import Interrupts, JobInterrupted
+from lookupspec.summarize.job import FatalError, JobConfig, plan
+from lookupspec.summarize.outputs import OutputFile
+from lookupspec.summarize.prompt import DEFAULT_TEMPLATE, PromptTemplate
+from lookupspec.summarize.report import JobReport
+from lookupspec.summarize.speedup import PlainSample, measure_speedup, step_spread
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["river", "lighthouse", "harbour", "engine", "signal", "market", "garden", "winter", "letter",
@@ -444,7 +444,7 @@ def test_gateway_mode_gives_the_in_process_summaries(tiny_model: Path, tiny_gate
 
 
 def test_decode_wall_time_is_the_union_of_the_windows() -> None:
-    from lookupspec.batch.speedup import decode_wall_time
+    from lookupspec.summarize.speedup import decode_wall_time
 
     assert decode_wall_time([[0, 2], [1, 3], [5, 6]]) == 4
     assert decode_wall_time([[0, 10], [2, 3]]) == 10

@@ -14,7 +14,7 @@ from lookupspec.drafting import (
     DraftTree,
     LookupDrafter,
 )
-from lookupspec.index import ContextStore, CorpusStore, LookupConfig, OutputStore
+from lookupspec.index import ContextIndex, CorpusIndex, LookupConfig, OutputIndex
 
 
 class FixedDrafter:
@@ -165,11 +165,11 @@ def test_feedback_reaches_the_tested_nodes_of_each_source() -> None:
 
 
 def test_lookup_drafters_end_to_end() -> None:
-    ctx = ContextStore([1, 2, 3, 4, 9, 1, 2, 3, 5, 1, 2, 3])
-    corpus = CorpusStore()
+    ctx = ContextIndex([1, 2, 3, 4, 9, 1, 2, 3, 5, 1, 2, 3])
+    corpus = CorpusIndex()
     corpus.add_document("a", [2, 3, 4, 7, 7])
     corpus.add_document("b", [2, 3, 6])
-    outputs = OutputStore(100)
+    outputs = OutputIndex(100)
     outputs.append([1, 2, 3, 4, 8])
     cfg = LookupConfig(max_depth=4)
     comp = Composer([LookupDrafter((ctx,), cfg, name="context"),
@@ -182,7 +182,7 @@ def test_lookup_drafters_end_to_end() -> None:
 
 
 def test_statistics_calibrate_scores() -> None:
-    outputs = OutputStore(100)
+    outputs = OutputIndex(100)
     outputs.append([1, 2, 3, 4, 8])
     stats = AcceptanceStats()
     comp = Composer([LookupDrafter((outputs,), LookupConfig(max_depth=2), stats=stats, name="output")])
@@ -199,8 +199,8 @@ def test_statistics_calibrate_scores() -> None:
 def test_fast_and_slow_paths_build_the_same_tree() -> None:
     rng = np.random.default_rng(0)
     seq = rng.integers(0, 4, 400)
-    ctx = ContextStore(seq)
-    corpus = CorpusStore()
+    ctx = ContextIndex(seq)
+    corpus = CorpusIndex()
     corpus.add_documents((str(i), rng.integers(0, 4, 50)) for i in range(5))
     cfg = LookupConfig(max_depth=5, max_nodes=20)
 

@@ -239,7 +239,7 @@ def test_every_tensor_a_step_creates_follows_the_model_device(tiny_loaded, tiny_
 def test_the_recorder_catches_a_factory_call_without_a_device():
     rec = DeviceRecorder(torch.device("cpu"))
     with rec:
-        positions = torch.tensor([5])  # what engine.py and draft_model.py used to do
+        positions = torch.tensor([5])  # a factory call that leaves the device to torch's default
         torch.arange(3, device=torch.device("cpu"))
         torch.zeros(2, device="cpu")  # a literal "cpu" outside the allow-list
     assert len(rec.problems) == 2 and "without an explicit device" in rec.problems[0]

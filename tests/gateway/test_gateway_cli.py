@@ -50,7 +50,7 @@ def test_defaults_without_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_warm_up_does_the_first_requests_lazy_work(tiny_model) -> None:
     """Before the server is ready: a generation, the prompt byte bound (a parse of the tokenizer's
-    JSON, ~0.4 s for SmolLM2, which the first request used to pay) and a chat prompt."""
+    JSON, ~0.4 s for SmolLM2, which the first request would otherwise pay) and a chat prompt."""
     from lookupspec.text import TextEngine
 
     te = TextEngine.load(str(tiny_model))

@@ -18,7 +18,8 @@ import numpy as np
 import openai
 import pytest
 from gateway_harness import KEY_ALPHA, KEY_BETA, MODEL, Gateway
-from lookupspec.gateway.store import open_store
+
+from lookupspec.store import open_store
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,9 @@ import httpx
 import numpy as np
 import pytest
 from gateway_harness import MODEL, Gateway
-from lookupspec.gateway.store import AddDocument, RedisConfig, RedisLog, Store
 from redis_harness import RedisServer
+
+from lookupspec.store import AddDocument, RedisConfig, RedisLog, Store
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 from lookupspec.gateway.app import build_service, create_app
 from lookupspec.gateway.config import GatewayConfig, Limits
-from lookupspec.gateway.service import GatewayService
-from lookupspec.gateway.store import open_store
 
 from lookupspec.engine import SequenceState, StepOutput
 from lookupspec.params import SpecParams
 from lookupspec.runtime.kvpool import LayerSpec, SlotPool
+from lookupspec.service.service import Service
+from lookupspec.store import open_store
 from lookupspec.text import TextEngine
 
 
@@ -90,10 +90,10 @@ class ScriptedEngine:
 
 
 @pytest.fixture
-def make_service(tmp_path: Path, text_engine) -> Iterator[Callable[..., tuple[Any, GatewayService]]]:
-    made: list[GatewayService] = []
+def make_service(tmp_path: Path, text_engine) -> Iterator[Callable[..., tuple[Any, Service]]]:
+    made: list[Service] = []
 
-    def make(engine: ScriptedEngine, **config: Any) -> tuple[Any, GatewayService]:
+    def make(engine: ScriptedEngine, **config: Any) -> tuple[Any, Service]:
         te = TextEngine(text_engine.loaded, engine=engine)
         store = open_store(tmp_path / f"data{len(made)}", None)
         service = build_service(te, store, GatewayConfig(model_name="scripted", **config))

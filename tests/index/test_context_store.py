@@ -1,4 +1,4 @@
-"""ContextStore: hash chains and lookups against the plain reference; appends; ranking."""
+"""ContextIndex: hash chains and lookups against the plain reference; appends; ranking."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import configs, tails, token_lists
 
-from lookupspec.index import ContextStore, LookupConfig
+from lookupspec.index import ContextIndex, LookupConfig
 from lookupspec.index.reference import ref_lookup_context, ref_prev_chains
 
 
@@ -19,7 +19,7 @@ def _same(a, b) -> None:
 
 
 def test_worked_example_from_the_docstring() -> None:
-    s = ContextStore([0, 1, 2, 0, 1, 3, 0, 1])  # a b c a b d a b
+    s = ContextIndex([0, 1, 2, 0, 1, 3, 0, 1])  # a b c a b d a b
     c = s.lookup(s.tokens, LookupConfig(max_depth=1))
     assert c.match_len == 2
     assert c.num_occurrences == 2
@@ -30,28 +30,28 @@ def test_worked_example_from_the_docstring() -> None:
 
 
 def test_counts_rank_before_recency() -> None:
-    s = ContextStore([7, 1, 7, 1, 7, 2, 7])
+    s = ContextIndex([7, 1, 7, 1, 7, 2, 7])
     c = s.lookup(s.tokens, LookupConfig(max_depth=1, max_match=1))
     assert c.tokens.tolist() == [1, 2]  # 1 follows 7 twice, 2 once (more recently)
     assert c.counts.tolist() == [2, 1]
 
 
 def test_no_match_and_empty_inputs() -> None:
-    assert ContextStore().lookup(np.array([1], np.int32), LookupConfig()).match_len == 0
-    s = ContextStore([1, 2, 3])
+    assert ContextIndex().lookup(np.array([1], np.int32), LookupConfig()).match_len == 0
+    s = ContextIndex([1, 2, 3])
     assert s.lookup(np.array([9], np.int32), LookupConfig()).match_len == 0
     assert s.lookup(np.array([], np.int32), LookupConfig()).match_len == 0
     assert len(s.lookup(s.tokens, LookupConfig())) == 0  # 3 occurs only at the end
 
 
 def test_min_match_rejects_short_matches() -> None:
-    s = ContextStore([1, 2, 3, 9, 3])
+    s = ContextIndex([1, 2, 3, 9, 3])
     assert s.lookup(s.tokens, LookupConfig(min_match=2)).match_len == 0
     assert s.lookup(s.tokens, LookupConfig(min_match=1)).match_len == 1
 
 
 def test_single_repeated_token_gives_one_chain_of_max_depth() -> None:
-    s = ContextStore([4] * 100)
+    s = ContextIndex([4] * 100)
     cfg = LookupConfig(max_match=12, max_depth=5, max_occurrences=8)
     c = s.lookup(s.tokens, cfg)
     assert c.match_len == 12
@@ -65,7 +65,7 @@ def test_single_repeated_token_gives_one_chain_of_max_depth() -> None:
 def test_matches_longer_than_max_ngram_are_found_by_extension() -> None:
     x = list(range(10))
     seq = [*x, 50, 6, 7, 8, 9, 51, 6, 7, 8, 9, 52, *x]
-    s = ContextStore(seq, max_ngram=4)
+    s = ContextIndex(seq, max_ngram=4)
     c = s.lookup(s.tokens, LookupConfig(max_match=30, max_depth=2))
     assert c.match_len == 10  # only the first copy of x extends past the 4-gram 6 7 8 9
     assert c.tokens.tolist() == [50, 6]
@@ -75,8 +75,8 @@ def test_matches_longer_than_max_ngram_are_found_by_extension() -> None:
 def test_incremental_extend_equals_bulk_and_chains_match_reference() -> None:
     rng = np.random.default_rng(1)
     seq = rng.integers(0, 5, 3000).astype(np.int32)
-    bulk = ContextStore(seq)
-    inc = ContextStore()
+    bulk = ContextIndex(seq)
+    inc = ContextIndex()
     for i in range(0, len(seq), 7):
         inc.extend(seq[i:i + 7])
     ref = ref_prev_chains(seq.tolist(), bulk.max_ngram)
@@ -90,7 +90,7 @@ def test_incremental_extend_equals_bulk_and_chains_match_reference() -> None:
 @given(token_lists(max_size=60), st.data(), st.integers(1, 5))
 def test_lookup_matches_reference(toks: list[int], data: st.DataObject, max_ngram: int) -> None:
     cfg = data.draw(configs())
-    s = ContextStore(toks, max_ngram=max_ngram)
+    s = ContextIndex(toks, max_ngram=max_ngram)
     tail = toks if data.draw(st.booleans()) else data.draw(tails([toks]))
     _same(s.lookup(np.array(tail, np.int32), cfg), ref_lookup_context(toks, tail, cfg, max_ngram))
 
@@ -98,7 +98,7 @@ def test_lookup_matches_reference(toks: list[int], data: st.DataObject, max_ngra
 def test_tree_invariants_on_random_text() -> None:
     rng = np.random.default_rng(2)
     seq = rng.integers(0, 3, 2000)
-    s = ContextStore(seq)
+    s = ContextIndex(seq)
     cfg = LookupConfig(width=2, max_nodes=30, max_depth=6, max_occurrences=40)
     c = s.lookup(seq[-10:].astype(np.int32), cfg)
     assert 0 < len(c) <= 30
@@ -117,13 +117,13 @@ def test_tree_invariants_on_random_text() -> None:
 
 def test_rejects_bad_tokens() -> None:
     with pytest.raises(ValueError):
-        ContextStore([1, -2])
+        ContextIndex([1, -2])
     with pytest.raises(ValueError):
-        ContextStore(np.zeros((2, 2), np.int32))
+        ContextIndex(np.zeros((2, 2), np.int32))
     with pytest.raises(ValueError):
-        ContextStore([0.5])
+        ContextIndex([0.5])
     with pytest.raises(ValueError):
-        ContextStore(max_ngram=0)
+        ContextIndex(max_ngram=0)
 
 
 def test_large_evidence_sets_match_the_reference() -> None:
@@ -131,6 +131,6 @@ def test_large_evidence_sets_match_the_reference() -> None:
     rng = np.random.default_rng(5)
     seq = rng.integers(0, 3, 600).tolist()
     cfg = LookupConfig(max_match=2, width=3, max_depth=4, max_nodes=60, max_occurrences=300)
-    s = ContextStore(seq)
+    s = ContextIndex(seq)
     for tail in ([0], [1, 2], seq[-5:]):
         _same(s.lookup(np.array(tail, np.int32), cfg), ref_lookup_context(seq, tail, cfg, s.max_ngram))

@@ -1,4 +1,4 @@
-"""CorpusStore / OutputStore: lookups against the plain reference, documents, deletion, eviction."""
+"""CorpusIndex / OutputIndex: lookups against the plain reference, documents, deletion, eviction."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import configs, tails, token_lists
 
-from lookupspec.index import CorpusStore, LookupConfig, OutputStore
+from lookupspec.index import CorpusIndex, LookupConfig, OutputIndex
 from lookupspec.index.reference import ref_lookup_docs
 
 
@@ -29,7 +29,7 @@ def _bases(docs: list[list[int]]) -> list[int]:
 
 
 def test_worked_example_from_the_docstring() -> None:
-    store = CorpusStore()
+    store = CorpusIndex()
     store.add_document("d1", [5, 6, 7, 8])
     store.add_document("d2", [5, 6, 9])
     c = store.lookup(np.array([1, 5, 6], np.int32), LookupConfig())
@@ -40,7 +40,7 @@ def test_worked_example_from_the_docstring() -> None:
 
 def test_lookup_contract_example() -> None:
     # lookup.py: store a b c a b d a b c, tail x a b
-    store = CorpusStore()
+    store = CorpusIndex()
     store.add_document("d", [0, 1, 2, 0, 1, 3, 0, 1, 2])
     c = store.lookup(np.array([9, 0, 1], np.int32), LookupConfig(max_match=3, max_depth=2))
     assert (c.match_len, c.num_occurrences) == (2, 3)
@@ -51,7 +51,7 @@ def test_lookup_contract_example() -> None:
 
 
 def test_matches_never_cross_document_boundaries() -> None:
-    store = CorpusStore()
+    store = CorpusIndex()
     store.add_documents([("a", [1, 2, 3]), ("b", [4, 5, 6])])
     assert store.lookup(np.array([3, 4], np.int32), LookupConfig()).match_len == 1  # "4", not "3 4"
     assert store.lookup(np.array([3], np.int32), LookupConfig()).match_len == 0  # 3 ends document a
@@ -60,7 +60,7 @@ def test_matches_never_cross_document_boundaries() -> None:
 
 
 def test_add_delete_replace_and_counts() -> None:
-    store = CorpusStore()
+    store = CorpusIndex()
     store.add_document("a", [1, 2, 3])
     store.add_document("b", [1, 2, 4, 4])
     assert (len(store), store.num_documents) == (7, 2)
@@ -81,7 +81,7 @@ def test_add_delete_replace_and_counts() -> None:
 
 
 def test_segments_merge_geometrically() -> None:
-    store = CorpusStore()
+    store = CorpusIndex()
     for i in range(64):
         store.add_document(str(i), [i % 5, 1, 2, 3])
     assert len(store.segments) <= 4
@@ -93,7 +93,7 @@ def test_segments_merge_geometrically() -> None:
 
 def test_memory_is_under_sixteen_bytes_per_token() -> None:
     rng = np.random.default_rng(0)
-    store = CorpusStore()
+    store = CorpusIndex()
     store.add_documents((str(i), rng.integers(0, 49152, 1000)) for i in range(200))
     assert store.memory_bytes() / len(store) <= 16
 
@@ -103,7 +103,7 @@ def test_memory_is_under_sixteen_bytes_per_token() -> None:
 def test_lookup_matches_reference_across_segments_and_deletions(docs: list[list[int]],
                                                                   data: st.DataObject) -> None:
     cfg = data.draw(configs(max_occurrences=256))  # no sampling: counts must be exact everywhere
-    store = CorpusStore(auto_merge=data.draw(st.booleans()))
+    store = CorpusIndex(auto_merge=data.draw(st.booleans()))
     for i, d in enumerate(docs):  # one segment per document (or merged), positions as in _bases
         store.add_document(str(i), d)
     dead = data.draw(st.sets(st.integers(0, len(docs) - 1), max_size=len(docs) - 1))
@@ -119,7 +119,7 @@ def test_lookup_matches_reference_across_segments_and_deletions(docs: list[list[
 def test_large_evidence_is_sampled_in_suffix_array_order(docs: list[list[int]], data: st.DataObject) -> None:
     # Few occurrences allowed: the evidence is the midpoints of equal strata in suffix-array order,
     # segment by segment; the whole tree (wide enough to hold everything) has the reference's counts.
-    store = CorpusStore(auto_merge=False)  # one segment per document
+    store = CorpusIndex(auto_merge=False)  # one segment per document
     for i, d in enumerate(docs):
         store.add_document(str(i), d)
     k = data.draw(st.integers(1, 5))
@@ -133,7 +133,7 @@ def test_large_evidence_is_sampled_in_suffix_array_order(docs: list[list[int]], 
 
 
 def test_lookups_are_safe_while_another_thread_adds_and_deletes() -> None:
-    store = CorpusStore()
+    store = CorpusIndex()
     rng = np.random.default_rng(0)
     store.add_document("seed", [1, 2, 3, 4, 5])
     stop = threading.Event()
@@ -164,7 +164,7 @@ def test_lookups_are_safe_while_another_thread_adds_and_deletes() -> None:
 
 
 def test_output_store_evicts_oldest_first() -> None:
-    store = OutputStore(cap_tokens=10, evict_to=0.5)
+    store = OutputIndex(cap_tokens=10, evict_to=0.5)
     store.append([1, 2, 3, 4])
     store.append([1, 2, 3, 5])
     assert len(store) == 8
@@ -176,7 +176,7 @@ def test_output_store_evicts_oldest_first() -> None:
 
 def test_output_store_stays_under_its_cap() -> None:
     rng = np.random.default_rng(0)
-    store = OutputStore(cap_tokens=1000)
+    store = OutputIndex(cap_tokens=1000)
     for _ in range(300):
         store.append(rng.integers(0, 50, rng.integers(1, 60)))
         assert len(store) <= 1000
@@ -187,7 +187,7 @@ def test_output_store_stays_under_its_cap() -> None:
 
 def test_output_store_matches_reference_on_live_outputs() -> None:
     rng = np.random.default_rng(3)
-    store = OutputStore(cap_tokens=200, evict_to=0.6)
+    store = OutputIndex(cap_tokens=200, evict_to=0.6)
     outs = [rng.integers(0, 4, rng.integers(1, 30)).tolist() for _ in range(40)]
     for o in outs:
         store.append(o)
@@ -203,8 +203,8 @@ def test_output_store_matches_reference_on_live_outputs() -> None:
 
 def test_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError):
-        OutputStore(0)
+        OutputIndex(0)
     with pytest.raises(TypeError):
-        CorpusStore().add_document(3, [1])  # type: ignore[arg-type]
+        CorpusIndex().add_document(3, [1])  # type: ignore[arg-type]
     with pytest.raises(ValueError):
-        CorpusStore().add_document("a", [-1])
+        CorpusIndex().add_document("a", [-1])

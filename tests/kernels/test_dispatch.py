@@ -1,5 +1,5 @@
 """The dispatcher (Triton on CUDA, twins elsewhere, overrides), the package surface, and the
-`lookupspec bench-kernels` command."""
+`python -m tools bench-kernels` command."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_the_torch_path_never_imports_triton():
 
 
 def _bench_args(tmp_path: Path, *argv: str) -> argparse.Namespace:
-    from lookupspec.benchmarks import kernels as bench
+    from tools import kernels as bench
 
     parser = argparse.ArgumentParser()
     bench.configure(parser)
@@ -98,7 +98,7 @@ def _bench_args(tmp_path: Path, *argv: str) -> argparse.Namespace:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path")
 def test_bench_kernels_without_a_gpu_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    from lookupspec.benchmarks import kernels as bench
+    from tools import kernels as bench
 
     assert bench.run(_bench_args(tmp_path)) == 0
     assert "needs a CUDA GPU" in capsys.readouterr().out
@@ -107,7 +107,7 @@ def test_bench_kernels_without_a_gpu_says_so(tmp_path: Path, capsys: pytest.Capt
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_bench_kernels_quick_on_a_gpu(tmp_path: Path):
-    from lookupspec.benchmarks import kernels as bench
+    from tools import kernels as bench
 
     assert bench.run(_bench_args(tmp_path, "--quick")) == 0
     result = json.loads((tmp_path / "out.json").read_text())

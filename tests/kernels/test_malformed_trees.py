@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("triton")
 
 from lookupspec.kernels import mask_triton, pack_requests, tree_mask, verify_batch, verify_triton
-from lookupspec.kernels.batch import check_tree_parents
+from lookupspec.kernels.verify_inputs import check_tree_parents
 
 from lookupspec.sampling import SamplingParams
 

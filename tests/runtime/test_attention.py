@@ -85,8 +85,8 @@ def test_a_tree_mask_goes_to_sdpa_additive_once_per_forward_with_the_same_bits()
     import torch.nn.functional as F
 
     from lookupspec.runtime import SeqRows
-    from lookupspec.runtime.batch import RaggedBatch
     from lookupspec.runtime.kvpool import LayerSpec, SlotPool
+    from lookupspec.runtime.ragged import RaggedBatch
 
     pool = SlotPool([LayerSpec(2, 16, 16), LayerSpec(2, 16, 16, window=40)], dtype=torch.float32, max_slots=2,
                     max_positions=512, initial_capacity=256, align=8)

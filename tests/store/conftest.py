@@ -10,14 +10,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from lookupspec.gateway.store import (
+from redis_harness import RedisServer
+
+from lookupspec.store import (
     EmbeddedConfig,
     EmbeddedLog,
     RedisConfig,
     RedisLog,
     Store,
 )
-from redis_harness import RedisServer
 
 
 @pytest.fixture(scope="session")

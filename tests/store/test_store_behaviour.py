@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from lookupspec.gateway.store import AddDocument, AppendOutput, CollectionInfo, StoreClosedError
+
+from lookupspec.store import AddDocument, AppendOutput, CollectionInfo, StoreClosedError
 
 
 def toks(*ids: int) -> np.ndarray:

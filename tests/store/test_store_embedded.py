@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lookupspec.gateway.store import (
+
+from lookupspec.store import (
     EmbeddedConfig,
     EmbeddedLog,
     Store,
@@ -19,14 +20,14 @@ from lookupspec.gateway.store import (
     StoreLockedError,
     open_store,
 )
-from lookupspec.gateway.store.embedded import encode_frame
-from lookupspec.gateway.store.records import AppendOutput, encode_record
+from lookupspec.store.embedded import encode_frame
+from lookupspec.store.records import AppendOutput, encode_record
 
 WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
     import numpy as np
-    from lookupspec.gateway.store import open_store
+    from lookupspec.store import open_store
 
     store = open_store(Path(sys.argv[1]), None)
     i = 0

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lookupspec.gateway.store import (
+
+from lookupspec.store import (
     AddDocument,
     AppendOutput,
     DeleteCollection,
@@ -19,7 +20,7 @@ from lookupspec.gateway.store import (
     decode_record,
     encode_record,
 )
-from lookupspec.gateway.store.records import RECORD_VERSION
+from lookupspec.store.records import RECORD_VERSION
 
 names = st.text(min_size=1, max_size=20)
 token_arrays = st.lists(st.integers(-(2**31), 2**31 - 1), max_size=50).map(

@@ -8,7 +8,8 @@ import uuid
 
 import numpy as np
 import pytest
-from lookupspec.gateway.store import AddDocument, BufferFullError, RedisConfig, RedisLog, Store, open_store
+
+from lookupspec.store import AddDocument, BufferFullError, RedisConfig, RedisLog, Store, open_store
 
 pytestmark = pytest.mark.redis
 

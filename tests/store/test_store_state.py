@@ -7,7 +7,8 @@ import threading
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lookupspec.gateway.store import (
+
+from lookupspec.store import (
     AddDocument,
     AppendOutput,
     DeleteCollection,
