@@ -1,6 +1,6 @@
 """Measure the two maintained grammar libraries (xgrammar, llguidance) on what lookupspec needs.
 
-Run: ``.venv/bin/python tools/grammar_mask_bench.py [--model DIR] [--repeats N]``
+Run: ``.venv/bin/python -m tools bench-grammar [--model DIR] [--repeats N]``
 
 For SmolLM2's tokenizer (49,152 tokens) and a JSON schema with nested objects, arrays, an enum,
 numbers and strings with escapes, it reports per library:
@@ -14,7 +14,8 @@ numbers and strings with escapes, it reports per library:
 - ``apply_us``: apply one bitmask to one row of float32 logits (torch, CPU).
 
 Timings are per call, median and p99 over the tokens of a valid document, repeated ``--repeats``
-times. Not installed with the package (a top-level tool).
+times. Not installed with the package (a top-level tool); llguidance is not a lookupspec dependency:
+``.venv/bin/pip install llguidance`` first to compare.
 """
 
 from __future__ import annotations
@@ -126,11 +127,12 @@ def bench_xgrammar(hf_tok: Any, tokens: list[int], repeats: int, vocab: int) -> 
             **{f"{k}_us": _stats(v) for k, v in out.items()}}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def configure(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=str(Path.home() / ".cache/lookupspec/models/smollm2-135m-instruct"))
     ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
 
@@ -143,7 +145,4 @@ def main() -> None:
     print(json.dumps({"vocab": vocab, "document_tokens": len(tokens)}))
     for name, fn in (("llguidance", bench_llguidance), ("xgrammar", bench_xgrammar)):
         print(json.dumps({"library": name, **fn(hf_tok, tokens, args.repeats, vocab)}))
-
-
-if __name__ == "__main__":
-    main()
+    return 0
