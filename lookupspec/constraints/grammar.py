@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 __all__ = ["Grammar", "GrammarCompiler", "GrammarError", "GrammarSpec"]
 
 # The output's JSON layout: xgrammar's default separators with no other whitespace. A model may not
@@ -65,6 +67,11 @@ class Grammar:
     compiled: Any  # xgrammar.CompiledGrammar
     vocab_size: int
     stop_token_ids: tuple[int, ...]
+    # [words] int32: every token but those holding a raw control character (< 0x20). JSON allows
+    # none unescaped in strings and this layout has no whitespace outside them; xgrammar's rule for
+    # a string with maxLength lets them through (its plain string rule does not), so every mask is
+    # ANDed with this one.
+    allowed_anywhere: Any = None
 
 
 class GrammarCompiler:
@@ -81,6 +88,7 @@ class GrammarCompiler:
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
                                                        stop_token_ids=list(self.stop_token_ids))
+        self._allowed_anywhere = _without_control_bytes(info.decoded_vocab, self.vocab_size)
         # one thread: the machine's cores belong to the forward; compiled grammars are cached below
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[GrammarSpec, Grammar] = OrderedDict()
@@ -102,12 +110,21 @@ class GrammarCompiler:
         except (RuntimeError, ValueError, TypeError) as e:
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise GrammarError(f"unsupported or invalid JSON schema: {_strip_log_prefix(msg)}") from None
-        grammar = Grammar(spec, compiled, self.vocab_size, self.stop_token_ids)
+        grammar = Grammar(spec, compiled, self.vocab_size, self.stop_token_ids, self._allowed_anywhere)
         with self._lock:
             self._cache[spec] = grammar
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return grammar
+
+
+def _without_control_bytes(vocab: Sequence[bytes], vocab_size: int) -> np.ndarray:
+    """[words] int32 bitmask: every token but those whose bytes hold a control character (< 0x20)."""
+    bits = np.ones(((vocab_size + 31) // 32) * 32, dtype=np.uint8)
+    for t, piece in enumerate(vocab[:vocab_size]):
+        if any(b < 0x20 for b in piece):
+            bits[t] = 0
+    return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
 
 
 def _strip_log_prefix(msg: str) -> str:

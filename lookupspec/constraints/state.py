@@ -109,6 +109,8 @@ class GrammarState:
     def _fill(self, masks: np.ndarray, row: int) -> None:
         view = torch.from_numpy(masks)  # shares memory: xgrammar writes the row in place
         self._matcher.fill_next_token_bitmask(view, row)
+        if self.grammar.allowed_anywhere is not None:
+            masks[row] &= self.grammar.allowed_anywhere
 
     def commit(self, tokens: Sequence[int]) -> int:
         """Move the root over emitted tokens; returns how many it took: fewer than given only where
