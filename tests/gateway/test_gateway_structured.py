@@ -125,7 +125,8 @@ def test_json_object_on_both_endpoints(oai, alpha):
         json={
             "model": MODEL,
             "prompt": "JSON:",
-            "max_tokens": 60,
+            "max_tokens": 120,
+            "temperature": 0.0,
             "response_format": {
                 "type": "json_schema",
                 "json_schema": {"name": "p", "strict": True, "schema": Person.model_json_schema()},
