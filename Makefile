@@ -74,8 +74,8 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 # The default model, and beside it numba's kernel caches (compiled once here rather than in every
-# process that first needs them: lookupspec/index/jitcache.py).
-PULL = $(BIN)/python -c 'from lookupspec.index.jitcache import compile_all; compile_all()' & jit=$$!; \
+# process that first needs them: lookupspec/warmup.py).
+PULL = $(BIN)/python -c 'from lookupspec.warmup import warm_numba; warm_numba()' & jit=$$!; \
 	$(BIN)/lookupspec pull smollm2-135m-instruct && wait $$jit
 
 pull: $(VENV)/.installed

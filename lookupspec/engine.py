@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from lookupspec import kernels
-from lookupspec.adaptive import BudgetPolicy
+from lookupspec.cost import BudgetPolicy, Costs
 from lookupspec.drafting.base import DraftSessions
 from lookupspec.drafting.policy import Draft, DraftPolicy
 from lookupspec.logits import LogitsProcessor, token_logprobs
@@ -121,7 +121,8 @@ class Engine:
 
             lookup = LookupDrafting()
         self.lookup = lookup
-        self.drafting = DraftPolicy(policy)
+        self.costs = Costs()  # measured: the drafting policy and the scheduler price with it
+        self.drafting = DraftPolicy(policy, self.costs)
         self.aggregate = AggregateStats()
         self.prefix_block_size = self._prefix_block_size(prefix_block_size)
         self.prefix_cache: PrefixCache | None = None
@@ -504,14 +505,14 @@ class Engine:
         contexts = [seqs[i].cache_len for i in order]
         decode_s = seconds if order else 0.0
         if order and chunks:  # the step's share of a shared forward: what it would cost alone, at most
-            steps = self.drafting.steps
+            steps = self.costs.steps
             alone = (steps.predict(step_rows, contexts) if steps.known()
                      else seconds * n_step / batch.real_rows)
             decode_s = min(seconds, alone)
             if steps.known():  # what the chunk's rows cost beyond the step: a draft row's price here
                 steps.observe_chunk(sum(end - start for _, _, start, end in chunks), seconds - decode_s)
         elif order:  # only a step's own forward says what steps cost
-            self.drafting.observe_step(step_rows, contexts, seconds)
+            self.costs.steps.observe(step_rows, contexts, seconds)
         for j, i in enumerate(order):
             outputs[i] = self._advance(seqs[i], drafts[i], results[j], decode_s, raws.get(i))
         return seconds, decode_s, [logits[n_step + k] for k in range(len(chunks))]
@@ -635,5 +636,5 @@ class Engine:
     def cost_table(self, upto: int, context: int = 1000) -> Any:
         """Estimated seconds of a one-sequence step over 1..upto rows at ``context`` cached positions
         (index 0 unused), from the step cost model; None before anything was measured."""
-        steps = self.drafting.steps
+        steps = self.costs.steps
         return steps.table(upto, context) if steps.known() else None

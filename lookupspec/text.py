@@ -1,18 +1,16 @@
 """Text in, text out: the engine plus a tokenizer, chat templates and stop strings.
 
-This is the in-process API the CLI, the gateway and the integrations use::
-
-    te = TextEngine.load("smollm2-135m-instruct")
-    for chunk in te.stream(messages=[{"role": "user", "content": "Hi"}], max_tokens=32):
-        print(chunk.text, end="")
-    print(te.complete(prompt="def add(a, b):", max_tokens=16).text)
+A ``TextEngine`` loads a model (``TextEngine.load("smollm2-135m-instruct")``) and turns text into the
+engine's token ids and back: prompts and chat templates, sampling parameters, tokenized corpora, and a
+``TextFollower`` per generation that turns its steps into text (stop strings included). Generations
+run through the service (``lookupspec.service``), from the gateway or ``lookupspec.connect(...)``.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,12 +26,12 @@ from lookupspec.models import (
     render_chat,
     render_chat_text,
 )
-from lookupspec.params import GenerationParams, LookupScope, SpecParams
+from lookupspec.params import GenerationParams
 from lookupspec.prompt_bound import PromptBound
 from lookupspec.sampling import SamplingParams
 from lookupspec.stats import RequestStats
 
-__all__ = ["Completion", "TextChunk", "TextEngine", "TextFollower"]
+__all__ = ["TextChunk", "TextEngine", "TextFollower"]
 
 _ENGINE_OPTIONS = ("max_slots", "kv_cache_bytes", "prefill_chunk", "prefix_cache_bytes", "prefix_block_size",
                    "spec")
@@ -47,19 +45,6 @@ class TextChunk:
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
     stats: RequestStats | None = None  # the request's running speculation statistics
-
-
-@dataclass
-class Completion:
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    prompt_tokens: int
-    stats: RequestStats | None = None
-    completion_tokens: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.completion_tokens = len(self.token_ids)
 
 
 class TextFollower:
@@ -186,44 +171,5 @@ class TextEngine:
         )
 
     def follower(self, stop: Sequence[str] = ()) -> TextFollower:
-        """Turns one generation's steps into text chunks (for callers that get steps from a
-        scheduler rather than from :meth:`stream_ids`)."""
+        """Turns one generation's steps (from the scheduler) into text chunks."""
         return TextFollower(self.tokenizer, stop)
-
-    def stream_ids(self, prompt_ids: Sequence[int], params: GenerationParams, stop: Sequence[str] = (),
-                   spec: SpecParams | None = None,
-                   scope: LookupScope | None = None) -> Generator[TextChunk, None, None]:
-        """Text chunks as steps complete; a stop string ends the stream with finish_reason 'stop'."""
-        follow = self.follower(stop)
-        gen = self.engine.generate(prompt_ids, params, spec=spec, scope=scope)
-        try:
-            for step in gen:
-                chunk = follow.feed(step)
-                yield chunk
-                if chunk.finish_reason is not None:
-                    return
-        finally:
-            gen.close()  # stops the decode loop when the consumer goes away (stop string, disconnect)
-
-    def stream(self, *, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
-               stop: Sequence[str] = (), spec: SpecParams | None = None, scope: LookupScope | None = None,
-               **kwargs: Any) -> Iterator[TextChunk]:
-        ids = self.encode_prompt(prompt, messages)
-        return self.stream_ids(ids, self.params(**kwargs), stop, spec=spec, scope=scope)
-
-    def complete(self, *, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None,
-                 prompt_ids: Sequence[int] | None = None, stop: Sequence[str] = (),
-                 spec: SpecParams | None = None, scope: LookupScope | None = None,
-                 **kwargs: Any) -> Completion:
-        ids = self.encode_prompt(prompt, messages, prompt_ids)
-        parts: list[str] = []
-        tokens: list[int] = []
-        reason = "length"
-        stats = None
-        for chunk in self.stream_ids(ids, self.params(**kwargs), stop, spec=spec, scope=scope):
-            parts.append(chunk.text)
-            tokens.extend(chunk.token_ids)
-            stats = chunk.stats
-            if chunk.finish_reason is not None:
-                reason = chunk.finish_reason
-        return Completion("".join(parts), tokens, reason, prompt_tokens=len(ids), stats=stats)

@@ -1,24 +1,110 @@
-"""Warm-up of an :class:`~lookupspec.engine.Engine` before it serves: every compiled kernel variant a
-step can use is launched once (so no request pays a compile), and the step-cost model is seeded with
-measured forwards (so the drafting policy's first choices rest on this machine's costs)."""
+"""Warm-up, in one place: whatever a first request would otherwise pay for runs here, before serving.
+
+- :func:`warm_numba`: the numba kernels of the token indexes and of drafting, compiled (or loaded
+  from numba's disk cache) once per process. The index stores and the composer call their part at
+  construction (:func:`warm_context_index`, :func:`warm_corpus_index`, :func:`warm_drafting`), so no
+  kernel is compiled mid-request; `make serve` and `make test` call :func:`warm_numba` beside
+  ``lookupspec pull`` so that the caches exist before the server and the test workers need them.
+- :func:`warm_kernels`: every Triton kernel variant a step can launch (verification, KV compaction).
+- :func:`warm_up`: an engine before it serves: the above, then measured forwards that seed the step
+  cost model (:mod:`lookupspec.cost`) so the drafting policy's first choices rest on this machine's
+  costs. ``Engine.warmup`` and ``TextEngine.load(..., warmup=True)`` call it.
+- :func:`warm_text`: a text engine's first request: a short generation, the prompt byte bound and a
+  chat prompt through the template and the tokenizer.
+
+Nothing is compiled at import: this module imports only the standard library at module level (the
+stores and the composer import it), and each warm-up imports what it runs.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-import torch
-
-from lookupspec import kernels
-from lookupspec.index import ContextIndex
-from lookupspec.runtime import SeqRows
-from lookupspec.sampling import SamplingParams
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
+
     from lookupspec.engine import Engine
 
-__all__ = ["sync_device", "warm_drafting", "warm_kernels", "warm_up"]
+__all__ = ["sync_device", "warm_context_index", "warm_corpus_index", "warm_drafting", "warm_kernels",
+           "warm_numba", "warm_text", "warm_up"]
+
+_done: set[str] = set()  # the numba warm-ups run so far in this process
+
+
+def _first(name: str) -> bool:
+    """True the first time ``name`` is asked for (marked before it runs: the warm-ups construct the
+    stores whose constructors ask again)."""
+    if name in _done:
+        return False
+    _done.add(name)
+    return True
+
+
+def warm_numba() -> None:
+    """Compile (or load from numba's cache) every numba kernel of the index and drafting modules. On
+    a fresh install a process that reaches a kernel before its cache file exists compiles it (tens
+    of seconds of one core for all of them); loading them all from the cache takes about a second."""
+    warm_context_index()
+    warm_corpus_index()
+    warm_drafting()
+
+
+def warm_context_index() -> None:
+    """The prompt index's kernels (:class:`~lookupspec.index.ContextIndex`, one per request): append,
+    lookup, and the rehash of a table that fills."""
+    if not _first("context"):
+        return
+    import numpy as np
+
+    from lookupspec.index.context import ContextIndex
+    from lookupspec.index.lookup import LookupConfig
+
+    s = ContextIndex(max_ngram=2)
+    s.extend(np.array([1, 2, 1, 2, 3, 1], np.int32))
+    s.lookup(np.array([1, 2], np.int32), LookupConfig(max_match=4, max_depth=4))
+    s.extend(np.arange(200, dtype=np.int32))  # past the first table's load: a rehash
+
+
+def warm_corpus_index() -> None:
+    """The segment indexes' kernels (corpus and output indexes): build, merge, lookup, delete and a
+    payload's round trip."""
+    if not _first("corpus"):
+        return
+    import numpy as np
+
+    from lookupspec.index.lookup import LookupConfig
+    from lookupspec.index.segments import SegmentSet
+
+    s = SegmentSet(auto_merge=True)
+    s.add([("a", np.array([1, 2, 3, 1, 2] * 20, np.int32)), ("b", np.array([1, 2, 4], np.int32))])
+    s.add([("c", np.array([2, 3], np.int32))])
+    s.lookup(np.array([1, 2], np.int32), LookupConfig(max_match=2, max_depth=2))
+    s.delete(["b"])
+    meta, arrays = s.to_payload()
+    SegmentSet.from_payload(meta, arrays)
+
+
+def warm_drafting() -> None:
+    """The composer's merge of candidate trees (chains and trees) and the lookup drafter's node
+    scoring: every request's lookup session runs both each step."""
+    if not _first("drafting"):
+        return
+    import numpy as np
+
+    from lookupspec.drafting.composer import _compose
+    from lookupspec.drafting.scoring import PROB_CAP, score_nodes
+
+    f = np.empty(2, np.float32)
+    score_nodes(np.array([-1, 0], np.int32), np.array([2, 1], np.int64), np.array([1, 2], np.int32), 3,
+                np.ones(3, np.float32), PROB_CAP, f, f.copy(), f.copy())
+    nodes = np.array([[5, 6, 5], [-1, 0, -1], [2, 1, 1], [0, 1, 0], [1, 2, 1]], np.int64)
+    est = np.zeros((2, 3), np.float32)
+    cands = np.array([[0, 2, 2, 3, 0, 0], [2, 1, 3, 1, 1, 1]], np.int64)
+    for chain in (False, True):
+        _compose(nodes, est, cands, np.ones((2, 3), np.float32), 3, np.float32(0.0), chain,
+                 np.float32(PROB_CAP), np.empty(64, np.int64), np.empty(8, np.float32))
 
 
 def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], context: int) -> None:
@@ -28,8 +114,12 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
     read as a very expensive step and switch speculation off; on CUDA every timing is taken between
     two synchronisations. Before that it launches every verification and compaction kernel variant
     a step can use (:func:`warm_kernels`), so that no compile lands in a request's step or in
-    the cost model, and the lookup drafter's numba kernels (:func:`warm_drafting`)."""
-    warm_drafting()
+    the cost model, and the numba kernels every request's lookup session runs (:func:`warm_numba`)."""
+    import torch
+
+    from lookupspec.runtime import SeqRows
+
+    warm_numba()
     sizes = [n for n in sizes if n + 2 < engine.context_window]
     context = max(1, min(context, engine.context_window - max(sizes, default=1) - 2))
     shapes = [(1, n) for n in sizes] + [(b, r) for b in batches if b > 1 for r in (1, 4)]
@@ -56,23 +146,17 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
                     del logits
                     for slot in slots[:b]:
                         engine.runner.pool.truncate(slot, context)
-                engine.drafting.observe_step([r] * len(rows), [context] * len(rows), min(times[1:]))
+                engine.costs.steps.observe([r] * len(rows), [context] * len(rows), min(times[1:]))
     finally:
         for slot in slots:
             engine.runner.free(slot)
 
 
-def warm_drafting() -> None:
-    """Compile (or load from numba's cache) the prompt index's kernels, which every request's lookup
-    session builds on. Without this the first request after a fresh install paid the compile:
-    25.7 of a 27.9-s first 64-token request on the H200's host after ``TextEngine.load(...,
-    warmup=True)`` (2026-11-28; 1.6-1.8 s for the next ones)."""
-    ContextIndex()  # its constructor warms the kernels, once per process
-
-
 def sync_device(device: torch.device) -> None:
     """Wait until ``device`` has run everything queued on it (CUDA runs kernels asynchronously; the
     CPU has nothing to wait for): what a timer around a forward needs on both sides."""
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -84,6 +168,11 @@ def warm_kernels(engine: Engine, slot: int, context: int) -> None:
     compaction for every path-width block. The per-step integers of the kernels are not
     specialised on (``kernels.variants``), so these are all the variants. Requests that ask for
     larger trees than the default spec compile their block sizes on first use."""
+    import torch
+
+    from lookupspec import kernels
+    from lookupspec.sampling import SamplingParams
+
     max_nodes = engine.default_spec.max_draft_tokens
     blocks = sorted({1 << max(0, (n - 1).bit_length()) for n in range(1, max_nodes + 1)} | {1})
     modes = ["greedy", "match"] + (["rejection"] if engine.draft_model is not None else [])
@@ -103,3 +192,14 @@ def warm_kernels(engine: Engine, slot: int, context: int) -> None:
             engine.runner.pool.compact([slot], path, torch.zeros(1, dtype=torch.int64, device=engine.device),
                                      [context])
     sync_device(engine.device)
+
+
+def warm_text(text_engine: Any) -> None:
+    """What a text engine's first request would otherwise pay for (:class:`lookupspec.text.TextEngine`,
+    after its engine's :func:`warm_up`): one short generation, the prompt byte bound (a parse of the
+    tokenizer's JSON, once) and a chat prompt through the template and the tokenizer."""
+    params = text_engine.params(max_tokens=4, temperature=0.0)
+    for _ in text_engine.engine.generate([0, 1, 2, 3], params):
+        pass
+    _ = text_engine.prompt_bound  # a cached property: computed here, once
+    text_engine.encode_prompt(messages=[{"role": "user", "content": "warm-up"}])

@@ -1,12 +1,13 @@
 """The adaptivity pieces: the cost model's table, the budget policy's choice, score calibration and
-the draft-model gate (lookupspec/adaptive.py)."""
+the draft-model gate (lookupspec/cost/)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lookupspec.adaptive import BudgetPolicy, CostModel, DraftModelGate, ScoreCalibration
+from lookupspec.cost import BudgetPolicy, CostModel
+from lookupspec.drafting.acceptance import DraftModelGate, ScoreCalibration
 
 
 def test_policy_worked_example_from_the_docstring() -> None:
@@ -75,7 +76,7 @@ def test_draft_model_gate_closes_and_probes() -> None:
 
 
 def test_exploration_verifies_the_top_nodes_after_enough_refused_steps():
-    from lookupspec.adaptive import Exploration
+    from lookupspec.drafting.acceptance import Exploration
 
     ex = Exploration(every=3, nodes=2)
     assert [ex.adjust(0, 5) for _ in range(3)] == [0, 0, 2]  # the third refused step explores

@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookupspec.adaptive import BudgetPolicy
+from lookupspec.cost import BudgetPolicy, StepCostModel, allocate
 from lookupspec.drafting.policy import DraftPolicy
-from lookupspec.step_cost import StepCostModel
 
 # a CPU-like step: 24 ms of weights, 0.6 ms per sequence, 0.5 ms per row, KV reads and attention
 TRUE = np.array([0.024, 0.0006, 0.0005, 0.0015, 0.0012])
@@ -51,7 +50,7 @@ def test_coefficients_stay_non_negative_on_degenerate_data() -> None:
 @given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=24), st.floats(0.01, 0.1), st.floats(1e-4, 1e-2))
 def test_one_sequence_is_the_single_request_rule(raw, base, cost) -> None:
     scores = np.sort(np.asarray(raw))[::-1]
-    keep = DraftPolicy._allocate([scores], [cost], base, 1, None)[0]
+    keep = allocate([scores], [cost], base, 1, None)[0]
     table = np.concatenate(([0.0], base + cost * np.arange(len(scores) + 2)))  # index = rows
     rule = BudgetPolicy().choose(scores, table)
     gain = lambda k: (1 + scores[:k].sum()) / (base + k * cost)  # noqa: E731
@@ -74,7 +73,7 @@ def _kept_per_sequence(model: StepCostModel, batches) -> list[float]:
     kept = []
     for b in batches:
         base = model.predict([1] * b, [1000] * b)
-        keep = DraftPolicy._allocate([scores] * b, [model.node_cost(1000)] * b, base, b, None)
+        keep = allocate([scores] * b, [model.node_cost(1000)] * b, base, b, None)
         kept.append(sum(keep) / b)
     return kept
 
@@ -114,8 +113,8 @@ def test_a_forward_with_a_prompt_chunk_prices_a_node_as_a_chunk_token() -> None:
     scores = np.array([0.9, 0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.08, 0.05, 0.03])
     for b in (1, 8):
         base = model.predict([1] * b, [1000] * b)
-        alone = sum(DraftPolicy._allocate([scores] * b, [model.node_cost(1000)] * b, base, b, None))
-        shared = sum(DraftPolicy._allocate([scores] * b, [model.node_cost(1000, True)] * b, base, b, None))
+        alone = sum(allocate([scores] * b, [model.node_cost(1000)] * b, base, b, None))
+        shared = sum(allocate([scores] * b, [model.node_cost(1000, True)] * b, base, b, None))
         assert 0 < shared < alone
     model.observe_chunk(100, 0.01)  # cheaper than a row of a step alone: the step's own price holds
     for _ in range(30):
@@ -125,14 +124,14 @@ def test_a_forward_with_a_prompt_chunk_prices_a_node_as_a_chunk_token() -> None:
 
 def test_a_row_budget_caps_the_step() -> None:
     scores = [np.array([0.9, 0.9, 0.9, 0.9])] * 4
-    keep = DraftPolicy._allocate(scores, [1e-4] * 4, 0.03, 4, max_rows=10)
+    keep = allocate(scores, [1e-4] * 4, 0.03, 4, max_rows=10)
     assert sum(keep) + 4 <= 10
 
 
 def test_a_refused_batch_explores_one_sequence_per_round_whatever_its_size() -> None:
     """The exploration's extra rows do not grow with the batch: 8 refused sequences for 16 steps get
     two explorations of 2 nodes (as one sequence would), on different sequences."""
-    from lookupspec.adaptive import Exploration
+    from lookupspec.drafting.acceptance import Exploration
 
     ex = Exploration(every=8, nodes=2)
     explored = []

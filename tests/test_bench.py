@@ -212,10 +212,10 @@ def test_bench_batch_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
 
 
 def test_bench_linear_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
-    from lookupspec.runtime import cpu_gemm
+    from lookupspec.runtime.native import matmul
 
-    if cpu_gemm.kernel() is None:
-        pytest.skip(f"the streaming kernel does not build here: {cpu_gemm.kernel_error()}")
+    if matmul.kernel() is None:
+        pytest.skip(f"the streaming kernel does not build here: {matmul.kernel_error()}")
     out = tmp_path / "linear.json"
     proc = subprocess.run(
         [sys.executable, "-m", "tools", "bench-linear", "--model", str(tiny_models["tiny-llama"]),
@@ -236,12 +236,12 @@ def test_bench_linear_chunk_forward_keeps_the_logits_the_engine_keeps(tiny_model
     last row, not the LM head over all 136 rows (which the engine never computes)."""
     import argparse
 
-    from lookupspec.runtime import cpu_gemm
+    from lookupspec.runtime.native import matmul
     from lookupspec.runtime.runner import ModelRunner
     from tools import linear
 
-    if cpu_gemm.kernel() is None:
-        pytest.skip(f"the streaming kernel does not build here: {cpu_gemm.kernel_error()}")
+    if matmul.kernel() is None:
+        pytest.skip(f"the streaming kernel does not build here: {matmul.kernel_error()}")
     calls = []
     forward = ModelRunner.forward
 

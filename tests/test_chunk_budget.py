@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from lookupspec.chunk_budget import ChunkBudget
+from lookupspec.cost import ChunkBudget
 
 
 def test_whole_blocks_until_a_cost_is_known_and_while_nothing_decodes() -> None:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from reference import complete
 
 
 def _run(*args, prefix=True, **kw):
@@ -19,7 +20,7 @@ def test_generate_streams_text_and_reports_finish_reason(tiny_models):
 
     model = str(tiny_models["tiny-llama"])
     te = TextEngine.load(model)
-    expected = te.complete(messages=[{"role": "user", "content": "Summarize: json"}], max_tokens=12).text
+    expected = complete(te, messages=[{"role": "user", "content": "Summarize: json"}], max_tokens=12).text
     proc = _run("-X", "importtime", "-m", "lookupspec.cli", "generate", "--model", model, "--chat",
                 "--max-tokens", "12", "Summarize: json", prefix=False)
     assert proc.returncode == 0, proc.stderr
@@ -71,7 +72,7 @@ def test_generate_serves_a_model_that_mixes_sliding_window_and_full_attention_la
 
     model = str(tiny_models["tiny-gemma3"])
     prompt = "def parse(argv):\n    parser = argparse.ArgumentParser()\n" * 3  # past the window of 12
-    expected = TextEngine.load(model).complete(prompt=prompt, max_tokens=40).text
+    expected = complete(TextEngine.load(model), prompt=prompt, max_tokens=40).text
     proc = _run("generate", "--model", model, "--max-tokens", "40", "-v", prompt)
     assert proc.returncode == 0, proc.stderr
     assert "not supported" not in proc.stderr

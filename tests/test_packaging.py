@@ -41,8 +41,11 @@ def test_cli_help_lists_commands():
 
 def test_the_c_kernels_sources_ship_with_the_package():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    from lookupspec.runtime import cpu_attention, cpu_gemm
+    from fnmatch import fnmatch
 
-    for source in (cpu_gemm._SOURCE, cpu_attention._SOURCE):
+    from lookupspec.runtime.native import attention, layer_ops, matmul
+
+    patterns = cfg["package-data"]["lookupspec.runtime.native"]
+    for source in (matmul._SOURCE, attention._SOURCE, layer_ops._SOURCE, matmul._SOURCE.with_name("simd.h")):
         assert source.is_file()
-        assert source.name in cfg["package-data"]["lookupspec.runtime"]
+        assert any(fnmatch(source.name, pattern) for pattern in patterns)

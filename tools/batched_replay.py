@@ -59,10 +59,10 @@ import numpy as np
 from tools.replay import accepted_path
 
 if TYPE_CHECKING:
+    from lookupspec.cost import StepCostModel
     from lookupspec.drafting.policy import Draft
     from lookupspec.drafting.session import LookupDrafting, LookupSession
     from lookupspec.params import SpecParams
-    from lookupspec.step_cost import StepCostModel
 
 __all__ = ["POLICY_KINDS", "BatchPolicy", "BatchReplay", "ReplayItem", "SequenceReplay", "StepRecord",
            "replay_batch"]
@@ -263,7 +263,7 @@ def replay_batch(items: Sequence[ReplayItem], batch: int, policy: BatchPolicy, c
     """Decode every item again, ``batch`` at a time (continuous batching, items in order) under
     ``policy``; ``costs`` (already fitted: ``costs.known()``) prices each step and is the policy's
     cost model. Fresh drafting state per call: nothing learned under another policy carries over."""
-    from lookupspec.adaptive import BudgetPolicy
+    from lookupspec.cost import BudgetPolicy, Costs
     from lookupspec.drafting.policy import DraftInputs, DraftPolicy
     from lookupspec.drafting.session import LookupDrafting
     from lookupspec.params import LOOKUP_SOURCES, SpecParams
@@ -274,8 +274,8 @@ def replay_batch(items: Sequence[ReplayItem], batch: int, policy: BatchPolicy, c
     if not costs.known():
         raise ValueError("the step-cost model has not been fitted")
     drafting = LookupDrafting()
-    chooser = DraftPolicy(BudgetPolicy(adaptive=policy.adaptive))
-    chooser.steps = costs  # the replay never observes steps: the cost model is also its clock
+    # the replay never observes steps: the cost model is also its clock
+    chooser = DraftPolicy(BudgetPolicy(adaptive=policy.adaptive), Costs(steps=costs))
     spec = SpecParams(sources=LOOKUP_SOURCES, max_draft_tokens=max_draft)
     greedy = SamplingParams()
     result = BatchReplay(batch, policy.label, [SequenceReplay() for _ in items])

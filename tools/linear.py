@@ -1,5 +1,5 @@
-"""CPU float32 kernels side by side: the linear layers' streaming kernel (``sgemm.c``) against
-oneDNN, or (``--compare attention``) the native attention (``attend.c``) against SDPA.
+"""CPU float32 kernels side by side: the linear layers' streaming kernel (``native/matmul.c``) against
+oneDNN, or (``--compare attention``) the native attention (``native/attention.c``) against SDPA.
 
 Two measurements, both backends interleaved round by round in one process, medians:
 
@@ -109,10 +109,10 @@ def run(args: argparse.Namespace) -> int:
             _log(f"loading {args.model} with {backend} linear layers ...")
             loaded, engines[backend] = _load(args.model, backend)
     else:
-        from lookupspec.runtime import cpu_attention
+        from lookupspec.runtime.native import attention as native_attention
 
         os.environ["LOOKUPSPEC_CPU_ATTENTION"] = "native"
-        cpu_attention.kernel()  # built now, or an error now
+        native_attention.kernel()  # built now, or an error now
         _log(f"loading {args.model} ...")
         loaded, engine = _load(args.model, None)
         engines = {be: engine for be in backends}

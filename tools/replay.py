@@ -109,7 +109,8 @@ def replay_prompt(prompt: Sequence[int], output: Sequence[int], engine_parts: di
 
 
 def _engine_parts() -> dict[str, Any]:
-    from lookupspec.adaptive import BudgetPolicy, Exploration, ScoreCalibration
+    from lookupspec.cost import BudgetPolicy
+    from lookupspec.drafting.acceptance import Exploration, ScoreCalibration
     from lookupspec.drafting.session import LookupDrafting
 
     return {"drafting": LookupDrafting(), "calibration": ScoreCalibration(), "policy": BudgetPolicy(),
@@ -117,7 +118,7 @@ def _engine_parts() -> dict[str, Any]:
 
 
 def _parse_costs(text: str) -> np.ndarray:
-    from lookupspec.adaptive import CostModel
+    from lookupspec.cost import CostModel
 
     model = CostModel()
     for item in text.split(","):

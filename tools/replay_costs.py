@@ -1,5 +1,5 @@
 """Step costs for the batched replay: measured step times turned into a fitted
-:class:`~lookupspec.step_cost.StepCostModel`.
+:class:`~lookupspec.cost.StepCostModel`.
 
 Three sources, one result (five coefficients, the model's ``t0 + t_seq B + t_row R + t_kv sum(ctx) +
 t_att sum(rows ctx)``; context terms per thousand cached positions):
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lookupspec.step_cost import StepCostModel, step_features
+from lookupspec.cost import StepCostModel, step_features
 
 __all__ = ["COEFFICIENTS", "CostFit", "CostSample", "cost_model", "fit_coefficients", "measure_samples",
            "parse_coefficients", "samples_from_json"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from lookupspec.models import DEFAULT_MODEL, DTYPES
+from lookupspec.models import DEFAULT_MODEL, DTYPES, WEIGHTS
 
 CPU_LINEAR = ("auto", "stream", "onednn")
 CPU_ATTENTION = ("auto", "native", "sdpa")
@@ -14,10 +14,11 @@ LEAN_NATIVE = ("auto", "native", "torch")
 
 class _Environ(argparse.Action):
     """An option recorded in the environment variable ``env``: ``--cpu-linear`` in
-    ``LOOKUPSPEC_CPU_LINEAR``, which the packing reads (:mod:`lookupspec.runtime.cpu_gemm`),
+    ``LOOKUPSPEC_CPU_LINEAR``, which the packing reads (:mod:`lookupspec.runtime.native.matmul`),
     ``--cpu-attention`` in ``LOOKUPSPEC_CPU_ATTENTION`` and ``--lean-native`` in
-    ``LOOKUPSPEC_LEAN_NATIVE``, which every forward reads (:mod:`lookupspec.runtime.cpu_attention`,
-    :mod:`lookupspec.runtime.lean_native`), so they hold for every model this process loads."""
+    ``LOOKUPSPEC_LEAN_NATIVE``, which every forward reads (:mod:`lookupspec.runtime.native.attention`,
+    :mod:`lookupspec.runtime.native.layer_ops`), and ``--weights`` in ``LOOKUPSPEC_WEIGHTS``, which
+    :func:`lookupspec.models.load_model` reads, so they hold for every model this process loads."""
 
     def __init__(self, *args, env: str, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -44,6 +45,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default float32) [env LOOKUPSPEC_DTYPE]")
     parser.add_argument("--device", default=os.environ.get("LOOKUPSPEC_DEVICE", "cpu"),
                         help="cpu or cuda[:N] [env LOOKUPSPEC_DEVICE]")
+    _environ_choice(parser, "--weights", WEIGHTS, "LOOKUPSPEC_WEIGHTS",
+                    "how a GGUF model's quantized linear layers are held: quantized (multiplied as they are "
+                    "by lookupspec's CPU kernel, the float32 path's outputs from a fraction of the bytes), "
+                    "float32 (dequantized at load), or auto: quantized on the CPU in float32 where the "
+                    "kernel builds")
     parser.add_argument("--no-packed-linear", dest="packed_linear", action="store_false",
                         default=os.environ.get("LOOKUPSPEC_PACKED_LINEAR", "1") not in ("0", "false", "no"),
                         help="on CPU float32, keep PyTorch's own linear layers instead of prepacked "

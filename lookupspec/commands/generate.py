@@ -42,38 +42,40 @@ def run(args: argparse.Namespace) -> int:
                   "$'\\n' for a newline", file=sys.stderr)
     # Importing torch and loading the model take seconds: say so first, on stderr (stdout is the text).
     print(f"loading model {args.model} ...", file=sys.stderr, flush=True)
-    from lookupspec.params import SpecParams
+    from lookupspec.client import ClientError, GenerationRequest, LocalClient, Lookup
     from lookupspec.text import TextEngine
 
     try:
-        spec = SpecParams(enabled=not args.no_spec, max_draft_tokens=args.max_draft_tokens)
         te = TextEngine.load(args.model, draft_model=args.draft_model, dtype=args.dtype, device=args.device,
                              packed_linear=args.packed_linear, lean_forward=args.lean_forward, auto_pull=True,
                              warmup=not args.no_spec,
                              log=lambda m: print(m, file=sys.stderr))
-        params = te.params(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                           top_k=args.top_k, seed=args.seed)
-        ids = te.encode_prompt(messages=[{"role": "user", "content": prompt}]) if args.chat \
-            else te.encode_prompt(prompt=prompt)
     except (ModelLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    finish = None
-    stats = None
+    text = {"messages": [{"role": "user", "content": prompt}]} if args.chat else {"prompt": prompt}
+    lookup = Lookup(enabled=not args.no_spec, max_draft_tokens=args.max_draft_tokens)
+    request = GenerationRequest(**text, max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=tuple(args.stop),
+                                lookup=lookup)
+    last = None
     t0 = time.perf_counter()
-    for chunk in te.stream_ids(ids, params, args.stop, spec=spec):
-        sys.stdout.write(chunk.text)
-        sys.stdout.flush()
-        finish = chunk.finish_reason or finish
-        stats = chunk.stats
+    with LocalClient(te, model=args.model) as client:
+        try:
+            for delta in client.stream(request):
+                sys.stdout.write(delta.text)
+                sys.stdout.flush()
+                last = delta
+        except ClientError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     seconds = time.perf_counter() - t0
     sys.stdout.write("\n")
-    print(f"[finish_reason: {finish}]", file=sys.stderr)
-    if args.verbose and stats is not None:
-        d = stats.as_dict()
-        rate = d["emitted_tokens"] / seconds
-        print(f"[{d['emitted_tokens']} tokens in {seconds:.2f} s = {rate:.1f} tokens/s; "
-              f"{d['target_forwards']} target forwards; acceptance length {d['acceptance_length']:.2f}; "
+    print(f"[finish_reason: {last.finish_reason if last else None}]", file=sys.stderr)
+    if args.verbose and last is not None and last.speculation:
+        d, tokens = last.speculation, (last.usage or {}).get("completion_tokens", 0)
+        print(f"[{tokens} tokens in {seconds:.2f} s = {tokens / seconds:.1f} tokens/s; "
+              f"{d['steps']} target forwards; acceptance length {d['acceptance_length']:.2f}; "
               f"draft tokens {d['draft_tokens']}, accepted {d['accepted_tokens']}; "
               f"sources {d['accepted_tokens_by_source']}]", file=sys.stderr)
     return 0

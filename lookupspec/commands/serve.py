@@ -168,17 +168,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
       choices=("critical", "error", "warning", "info", "debug"), help="[env LOOKUPSPEC_LOG_LEVEL]")
 
 
-def _warm_up(text_engine: Any) -> None:
-    """What the first request would otherwise pay for: one short generation, the prompt byte bound
-    (a parse of the tokenizer's JSON, ~0.4 s for SmolLM2, once) and a chat prompt
-    through the template and the tokenizer."""
-    params = text_engine.params(max_tokens=4, temperature=0.0)
-    for _ in text_engine.engine.generate([0, 1, 2, 3], params):
-        pass
-    _ = text_engine.prompt_bound  # a cached property: computed here, once
-    text_engine.encode_prompt(messages=[{"role": "user", "content": "warm-up"}])
-
-
 _GRACE_S = 5  # after a drain, how long the last answers (and uvicorn's connections) may take
 
 
@@ -194,12 +183,12 @@ def _attention(text_engine: Any) -> str:
     "sdpa"."""
     import torch
 
-    from lookupspec.runtime import cpu_attention
+    from lookupspec.runtime.native import attention as native_attention
 
     param = next(text_engine.loaded.model.parameters())
     if param.device.type != "cpu" or param.dtype != torch.float32:
         return "sdpa"
-    return "native" if cpu_attention.kernel() is not None else "sdpa"
+    return "native" if native_attention.kernel() is not None else "sdpa"
 
 
 def _lean(text_engine: Any) -> str:
@@ -207,9 +196,9 @@ def _lean(text_engine: Any) -> str:
     "on (native element-wise steps)", "on (torch ops)" or "off"."""
     if text_engine.engine.runner.lean is None:
         return "off"
-    from lookupspec.runtime import lean_native
+    from lookupspec.runtime.native import layer_ops
 
-    return "on (native element-wise steps)" if lean_native.kernel() is not None else "on (torch ops)"
+    return "on (native element-wise steps)" if layer_ops.kernel() is not None else "on (torch ops)"
 
 
 def _say(message: str) -> None:
@@ -304,6 +293,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
     from lookupspec.gateway.config import GatewayConfig
     from lookupspec.store import StoreError
     from lookupspec.text import TextEngine
+    from lookupspec.warmup import warm_text
 
     started = time.perf_counter()
     try:
@@ -323,6 +313,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
             output_cap_tokens=args.output_cap_tokens, limits=limits, trace_iterations=args.trace_iterations)
         service = build_service(te, store, config)
         spec = te.engine.default_spec
+        _say(f"weights: {te.loaded.weights}, {te.loaded.resident_bytes() / 2**20:.0f} MiB resident")
         _say(f"model: {config.model_name} ({te.loaded.path}), {te.loaded.dtype} on {args.device}, "
              f"{torch.get_num_threads()} threads, context window {service.context_window} tokens; "
              f"speculation {'on' if spec.enabled else 'off'}: up to {spec.max_draft_tokens} draft tokens "
@@ -344,7 +335,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
         synced = store.health().get("synced", True)
         _say(f"store: {backend}, {replayed} records replayed"
              + ("" if synced else " (redis unreachable: /ready answers 'syncing' until it is read)"))
-        _warm_up(te)
+        warm_text(te)  # what the first request would otherwise pay for
     except (ModelLoadError, StoreError, OSError, ValueError) as exc:
         _say(f"error: {exc}")
         lifecycle.fail(str(exc), exit_code=2)

@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit
 
 from lookupspec.index.lookup import KEY_DEPTH
+from lookupspec.warmup import warm_drafting
 
 from .base import Drafter, DraftTree
 from .scoring import PROB_CAP
@@ -171,6 +172,7 @@ class Composer:
             raise ValueError("at most 127 drafters")
         if not 0.0 <= min_score <= 1.0 or tail_len < 1:
             raise ValueError("need 0 <= min_score <= 1 and tail_len >= 1")
+        warm_drafting()  # compile (or load) the kernels now, not mid-request
         self.drafters = tuple(drafters)
         self.source_names = tuple(names)
         self.min_score = float(min_score)
@@ -279,16 +281,3 @@ def _factor_table(rows: list[np.ndarray]) -> np.ndarray:
         out[i, :len(r)] = r
         out[i, len(r):] = r[-1]
     return out
-
-
-def _warmup() -> None:
-    """Compile the kernel at import (the engine builds composers per request; no JIT mid-request)."""
-    nodes = np.array([[5, 6, 5], [-1, 0, -1], [2, 1, 1], [0, 1, 0], [1, 2, 1]], np.int64)
-    est = np.zeros((2, 3), np.float32)
-    cands = np.array([[0, 2, 2, 3, 0, 0], [2, 1, 3, 1, 1, 1]], np.int64)
-    for chain in (False, True):
-        _compose(nodes, est, cands, np.ones((2, 3), np.float32), 3, np.float32(0.0), chain,
-                 np.float32(PROB_CAP), np.empty(64, np.int64), np.empty(8, np.float32))
-
-
-_warmup()

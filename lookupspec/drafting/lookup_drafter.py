@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lookupspec.index import LookupConfig, TokenIndex
+from lookupspec.warmup import warm_drafting
 
 from .base import Candidate
 from .scoring import capped_config, score_continuations
@@ -35,6 +36,7 @@ class LookupDrafter:
                  stats: AcceptanceStats | None = None, name: str) -> None:
         if not isinstance(cfg, LookupConfig):
             raise TypeError(f"cfg must be a LookupConfig, got {type(cfg).__name__}")
+        warm_drafting()  # its scoring kernel: compiled (or loaded) now, not mid-request
         self.stores = tuple(stores)
         self.cfg = cfg
         self.stats = stats if stats is not None else AcceptanceStats()

@@ -1,9 +1,10 @@
 """The drafting policy: what every sequence of a step drafts, chosen jointly from measured costs.
 
-:class:`DraftPolicy` owns the engine-wide adaptive state: the batch-aware step cost model
-(:class:`~lookupspec.step_cost.StepCostModel`), the cost of a draft-model token, the calibration of
-path scores against observed acceptance, the draft model's gate and exploration. Each step it turns
-every sequence's lookup tree (or draft-model chain) into one :class:`Draft`:
+:class:`DraftPolicy` reads the engine's measured costs (:class:`~lookupspec.cost.Costs`: the
+batch-aware step cost model and the cost of a draft-model token, which the scheduler reads too) and
+owns the acceptance learning (:mod:`lookupspec.drafting.acceptance`: the calibration of path scores
+against observed acceptance, the draft model's gate and exploration). Each step it turns every
+sequence's lookup tree (or draft-model chain) into one :class:`Draft`:
 
 1. Each sequence proposes its candidates: the score-ordered nodes of its lookup tree, or a draft-model
    chain when that promises a better rate for it (or a periodic probe of a closed gate is due).
@@ -12,7 +13,8 @@ every sequence's lookup tree (or draft-model chain) into one :class:`Draft`:
    ``c_i = t_row + t_att * ctx_i`` seconds (its row through the model and its attention over its own
    cache; plus the draft model's time for a chain node). Taking nodes in order of ``s / c_i`` (which
    keeps every sequence's nodes in score order, so each sequence's kept nodes form a tree), the policy
-   keeps the prefix ``K`` that maximizes the batch's expected tokens per second::
+   keeps the prefix ``K`` that maximizes the batch's expected tokens per second
+   (:func:`lookupspec.cost.allocate`)::
 
        K* = argmax_K  (B + sum of the first K scores) / (T(no drafts) + sum of their costs)
 
@@ -24,8 +26,7 @@ every sequence's lookup tree (or draft-model chain) into one :class:`Draft`:
    node's cost does not shrink, so trees shrink by themselves, down to plain decoding: there is no
    batch-size switch.
 3. After verification, :meth:`DraftPolicy.observe` feeds each outcome back to the sequence's lookup
-   session, the calibration and the gate, and :meth:`DraftPolicy.observe_step` feeds the step's time
-   to the cost model.
+   session, the calibration and the gate; the engine feeds the step's time to the cost model.
 
 The policy sees sequences through :class:`DraftInputs` only, so the engine's state can change
 without touching it.
@@ -40,11 +41,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lookupspec.adaptive import BudgetPolicy, CostModel, DraftModelGate, Exploration, ScoreCalibration
+from lookupspec.cost import BudgetPolicy, Costs, allocate, cap_rows
 from lookupspec.params import SpecParams
 from lookupspec.sampling import SamplingParams
-from lookupspec.step_cost import StepCostModel
 
+from .acceptance import DraftModelGate, Exploration, ScoreCalibration
 from .base import DraftSession, ProposedTree
 from .draft_model import DraftModelDrafter
 
@@ -94,12 +95,12 @@ class Draft:
 
 
 class DraftPolicy:
-    """Chooses drafts by expected tokens per second; one per engine, shared by its sequences."""
+    """Chooses drafts by expected tokens per second; one per engine, shared by its sequences.
+    ``costs``: the engine's measured costs (None: a fresh :class:`~lookupspec.cost.Costs`)."""
 
-    def __init__(self, budget: BudgetPolicy | None = None) -> None:
+    def __init__(self, budget: BudgetPolicy | None = None, costs: Costs | None = None) -> None:
         self.budget = budget or BudgetPolicy()
-        self.steps = StepCostModel()  # seconds of a step by shape (batch, rows, contexts)
-        self.draft_cost = CostModel(max_tokens=1)  # seconds per draft-model token (size 1)
+        self.costs = costs if costs is not None else Costs()
         self.gate = DraftModelGate()
         self.calibration = ScoreCalibration()  # lookup path scores -> observed acceptance
         self.exploration = Exploration()  # verify refused lookup trees now and then
@@ -114,10 +115,10 @@ class DraftPolicy:
         """One draft per sequence. ``rooms[i]``: most nodes sequence i may verify (its budget and its
         room in max_tokens and the window); ``contexts[i]``: positions in its cache; ``max_rows``:
         most rows the step may have (None: no limit); ``shared``: the forward also carries a prompt
-        chunk (a node costs at least a chunk token, see :mod:`lookupspec.step_cost`)."""
+        chunk (a node costs at least a chunk token, see :mod:`lookupspec.cost.step`)."""
         t0 = time.perf_counter()
         b = len(seqs)
-        known = self.steps.known()
+        known = self.costs.steps.known()
         adaptive = self.budget.adaptive
         trees: list[ProposedTree | None] = [None] * b
         scores: list[np.ndarray] = [np.empty(0)] * b
@@ -126,19 +127,19 @@ class DraftPolicy:
                 tree = seq.session.propose(room, chain_only=not seq.spec.tree)
                 trees[i] = tree
                 scores[i] = self.calibration.apply(np.asarray(tree.score, dtype=np.float64))[:room]
-        costs = [self.steps.node_cost(c, shared) for c in contexts] if known else [0.0] * b
-        base = self.steps.predict([1] * b, contexts) if known else 0.0
+        costs = [self.costs.steps.node_cost(c, shared) for c in contexts] if known else [0.0] * b
+        base = self.costs.steps.predict([1] * b, contexts) if known else 0.0
         chains = [self._chain_length(seqs[i], rooms[i], scores[i], contexts[i], costs[i]) for i in range(b)]
-        per_token = self._dm_token_cost(base)
+        per_token = self.costs.draft_token_s(base)
         if known and adaptive:
             lists = [np.asarray(self.gate.path_scores(k)) if k else scores[i] for i, k in enumerate(chains)]
             node_costs = [costs[i] + (per_token if chains[i] else 0.0) for i in range(b)]
-            keep = self._allocate(lists, node_costs, base, b, max_rows)
+            keep = allocate(lists, node_costs, base, b, max_rows)
         else:  # no cost measured yet, or a fixed budget: verify what was proposed
             keep = [k if k else len(scores[i]) for i, k in enumerate(chains)]
-            keep = self._cap_rows(keep, b, max_rows)
+            keep = cap_rows(keep, b, max_rows)
         ks = self.exploration.adjust_batch(keep, [0 if chains[i] else len(scores[i]) for i in range(b)])
-        ks = self._cap_rows(ks, b, max_rows)
+        ks = cap_rows(ks, b, max_rows)
         draft_s = (time.perf_counter() - t0) / max(b, 1)
         drafts = []
         for i, k in enumerate(ks):
@@ -159,44 +160,6 @@ class DraftPolicy:
         self.kept_nodes = sum(len(d) for d in drafts)
         return drafts
 
-    @staticmethod
-    def _allocate(lists: list[np.ndarray], costs: list[float], base: float, b: int,
-                  max_rows: int | None) -> list[int]:
-        """How many of each sequence's nodes to keep: the prefix, in order of score / cost, that
-        maximizes (b + kept scores) / (base + kept costs) (see the module docstring)."""
-        items = [(float(s) / c if c > 0 else float("inf"), float(s), c, i)
-                 for i, (sc, c) in enumerate(zip(lists, costs, strict=True)) for s in np.clip(sc, 0.0, 1.0)]
-        items.sort(key=lambda it: -it[0])  # stable: each sequence's nodes stay in score order
-        limit = len(items) if max_rows is None else max(0, min(len(items), max_rows - b))
-        gain, time_s = float(b), base
-        best_rate, best_k = (gain / time_s if time_s > 0 else 0.0), 0
-        for k, (_, s, c, _) in enumerate(items[:limit], 1):
-            gain += s
-            time_s += c
-            if time_s > 0 and gain / time_s > best_rate:
-                best_rate, best_k = gain / time_s, k
-        keep = [0] * len(lists)
-        for _, _, _, i in items[:best_k]:
-            keep[i] += 1
-        return keep
-
-    @staticmethod
-    def _cap_rows(keep: list[int], b: int, max_rows: int | None) -> list[int]:
-        """Trim the last sequences' nodes so that the step has at most ``max_rows`` rows."""
-        if max_rows is None:
-            return keep
-        room = max(0, max_rows - b)
-        out = []
-        for k in keep:
-            out.append(min(k, room))
-            room -= out[-1]
-        return out
-
-    def _dm_token_cost(self, base: float) -> float:
-        if self.draft_cost.known():
-            return float(self.draft_cost.table(1)[1])
-        return 0.5 * base  # unmeasured: assume a draft-model token costs half a step
-
     def _chain_length(self, seq: DraftInputs, room: int, scores: np.ndarray, context: int,
                       cost: float) -> int:
         """The draft-model chain this sequence should draft instead of its lookup tree (0: none):
@@ -207,10 +170,10 @@ class DraftPolicy:
             return 0
         if not self.budget.adaptive:
             return min(room, self.gate.max_len) if not len(scores) else 0
-        if not self.steps.known():
+        if not self.costs.steps.known():
             return 0
-        one = self.steps.predict([1], [context])
-        per_token = self._dm_token_cost(one)
+        one = self.costs.steps.predict([1], [context])
+        per_token = self.costs.draft_token_s(one)
         dm_scores = self.gate.path_scores(min(room, self.gate.max_len))
         table = one + cost * np.arange(len(dm_scores) + 2)
         k = self.budget.choose(dm_scores, np.concatenate(([0.0], table)), per_token)
@@ -228,7 +191,7 @@ class DraftPolicy:
     def _chain(self, dm: DraftModelDrafter, seq: DraftInputs, k: int, draft_s: float) -> Draft:
         chain = dm.propose(seq.context, k, seq.sampling, sample=not seq.sampling.greedy)
         self.gate.steps_since_use = 0
-        self.draft_cost.observe(1, chain.seconds / max(len(chain.tokens), 1))
+        self.costs.draft_token.observe(1, chain.seconds / max(len(chain.tokens), 1))
         return Draft.chain(chain.tokens, "draft_model", chain.probs, draft_s + chain.seconds)
 
     def observe(self, session: DraftSession | None, draft: Draft, accepted: Sequence[int]) -> None:
@@ -242,7 +205,3 @@ class DraftPolicy:
                 self.calibration.observe_path(np.asarray(draft.tree.score), accepted)
         if n and draft.from_draft_model:
             self.gate.observe(n, len(accepted))
-
-    def observe_step(self, rows: Sequence[int], contexts: Sequence[int], seconds: float) -> None:
-        """The measured time of a step: rows[i] rows of sequence i over contexts[i] cached positions."""
-        self.steps.observe(rows, contexts, seconds)

@@ -68,12 +68,3 @@ def capped_config(cfg: LookupConfig, budget: int, cache: dict[int, LookupConfig]
         capped = cfg if budget >= cfg.max_nodes else dataclasses.replace(cfg, max_nodes=max(1, int(budget)))
         out = cache[budget] = capped
     return out
-
-
-def _warmup() -> None:
-    f = np.empty(2, np.float32)
-    score_nodes(np.array([-1, 0], np.int32), np.array([2, 1], np.int64), np.array([1, 2], np.int32), 3,
-                np.ones(3, np.float32), PROB_CAP, f, f.copy(), f.copy())
-
-
-_warmup()

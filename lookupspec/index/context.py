@@ -39,6 +39,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from lookupspec.warmup import warm_context_index
+
 from .lookup import Continuations, LookupConfig, as_tokens, continuations_from, tail_array
 from .serialize import CorruptIndexError, pack, unpack
 from .tree import OUT_ROWS, expand_tree, workspace_size
@@ -232,7 +234,7 @@ class ContextIndex:
         self._prev = np.empty((self._a, 64), np.int32)  # [max_ngram, capacity]
         self._set_table(np.full((self._a, 128), -1, np.int32))  # [max_ngram, table size (power of 2)]
         self._ws = np.empty(0, np.int64)  # lookup scratch
-        _warmup()
+        warm_context_index()  # compile (or load) the kernels now, not mid-request
         if tokens is not None:
             self.extend(tokens)
 
@@ -310,23 +312,3 @@ class ContextIndex:
         if arrays[0].size and int(arrays[0].min()) < 0:
             raise CorruptIndexError("context index: negative token id")
         return cls(arrays[0], max_ngram=a)
-
-
-_WARM = False
-
-
-def _warmup() -> None:
-    """Compile (or load from the numba cache) every kernel once, at construction, not mid-request."""
-    global _WARM
-    if _WARM:
-        return
-    _WARM = True
-    s = ContextIndex.__new__(ContextIndex)
-    s._a, s._n = 2, 0
-    s._tok = np.empty(8, np.int32)
-    s._prev = np.empty((2, 8), np.int32)
-    s._set_table(np.full((2, 16), -1, np.int32))
-    s._ws = np.empty(0, np.int64)
-    s.extend(np.array([1, 2, 1, 2, 3, 1], np.int32))
-    s.lookup(np.array([1, 2], np.int32), LookupConfig(max_match=4, max_depth=4))
-    s.extend(np.arange(20, dtype=np.int32))  # rehash

@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 from pathlib import Path
 
-__all__ = ["compile_all", "ensure_coherent"]
+__all__ = ["ensure_coherent"]
 
 _DIRS = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "drafting")
 
@@ -72,16 +72,3 @@ def ensure_coherent() -> None:
     except OSError:  # read-only install: the sources cannot have changed under it
         pass
 
-
-def compile_all() -> None:
-    """Compile (or load from numba's cache) every kernel of the index and drafting modules, through
-    the warm-ups they run on first use. On a fresh install each process that reaches a kernel before
-    its cache file exists compiles it (tens of seconds of one core for all of them); `make
-    serve` and `make test` run this beside `lookupspec pull`, so the server and the test workers find
-    the caches written. Loading them all from the cache takes about a second."""
-    from lookupspec.drafting import composer, scoring  # noqa: F401 - they compile at import
-    from lookupspec.index.context import ContextIndex
-    from lookupspec.index.corpus import CorpusIndex
-
-    ContextIndex()
-    CorpusIndex()

@@ -47,6 +47,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from lookupspec.warmup import warm_corpus_index
+
 from .lookup import SEP, Continuations, LookupConfig, as_tokens, continuations_from, tail_array
 from .serialize import CorruptIndexError
 from .suffix_array import build_sa, filter_sa, sa_range, validate_sa
@@ -320,7 +322,7 @@ class SegmentSet:
         self._where: dict[str, tuple[Segment, int]] = {}  # live doc id -> (segment, index in it)
         self._next_base = 0
         self._tokens = 0
-        _warmup()
+        warm_corpus_index()  # compile (or load) the kernels now, not mid-request
 
     # -- reads (lock-free) ------------------------------------------------------------------------
     @property
@@ -526,26 +528,3 @@ def _check_docs(k: int, text: np.ndarray, starts: np.ndarray, lens: np.ndarray, 
         raise CorruptIndexError(f"segment {k}: document positions overlap")
     if (text[ends] != SEP).any() or int((text == SEP).sum()) != d or (text < SEP).any():
         raise CorruptIndexError(f"segment {k}: separators misplaced")
-
-
-_WARM = False
-
-
-def _warmup() -> None:
-    """Compile (or load from the numba cache) every kernel once, at construction."""
-    global _WARM
-    if _WARM:
-        return
-    _WARM = True
-    s = SegmentSet.__new__(SegmentSet)
-    s.auto_merge = True
-    s._lock = threading.RLock()
-    s._snap = _EMPTY
-    s._arena = _Arena([0, 0, 0, 0])
-    s._where, s._next_base, s._tokens = {}, 0, 0
-    s.add([("a", np.array([1, 2, 3, 1, 2] * 20, np.int32)), ("b", np.array([1, 2, 4], np.int32))])
-    s.add([("c", np.array([2, 3], np.int32))])
-    s.lookup(np.array([1, 2], np.int32), LookupConfig(max_match=2, max_depth=2))
-    s.delete(["b"])
-    meta, arrays = s.to_payload()
-    SegmentSet.from_payload(meta, arrays)

@@ -6,14 +6,15 @@
 - ``ragged.py``: :class:`SeqRows` (one sequence's rows in a forward) and :class:`RaggedBatch` (the
   flattened inputs and per-sequence masks, sliding windows included).
 - ``attention.py``: the runtime's attention (per sequence, over its slot), registered with
-  transformers so that any architecture's own forward can run a ragged batch; ``cpu_attention.py``
-  with ``attend.c``: one native call per layer for the whole batch on CPU float32 (SDPA elsewhere).
+  transformers so that any architecture's own forward can run a ragged batch; ``native/attention``:
+  one native call per layer for the whole batch on CPU float32 (SDPA elsewhere).
 - ``kvpool.py``: :class:`SlotPool`, the KV cache of many sequences (allocate, free, truncate,
   compact, copy a prefix).
 - ``lean.py``: :class:`LeanForward`, the low-overhead forward for Llama-shaped CPU float32 models.
-- ``cpu_linear.py``: prepacked float32 linear layers and their fusion; ``cpu_gemm.py`` with
-  ``sgemm.c``: the streaming matmul they use where it builds (oneDNN elsewhere); ``native_build.py``
-  compiles both C sources on first use.
+- ``cpu_linear.py``: prepacked float32 linear layers and their fusion; ``native/matmul``: the
+  streaming matmul they use where it builds (oneDNN elsewhere).
+- ``native/``: the C kernels (matmul, attention, the lean forward's element-wise steps), their
+  shared SIMD header, and the loader that compiles them on first use.
 - ``kvcache.py``: a per-request transformers ``Cache`` with preallocated buffers (draft models).
 """
 

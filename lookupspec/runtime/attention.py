@@ -3,7 +3,7 @@
 :func:`attend` is the one place attention happens in a runtime forward, for the lean forward and for
 transformers' own forward alike. It writes the batch's new keys and values into the
 :class:`~lookupspec.runtime.kvpool.SlotPool` (one indexed copy per tensor and layer), then attends:
-on the CPU in float32 through :mod:`~lookupspec.runtime.cpu_attention` (one native call for the
+on the CPU in float32 through :mod:`~lookupspec.runtime.native.attention` (one native call for the
 whole batch), elsewhere with ``scaled_dot_product_attention`` once per sequence, over exactly
 that sequence's keys with its own mask (:mod:`lookupspec.runtime.ragged`). Either way a sequence's
 attention is the same computation whatever else is in the batch, which is what makes a batched
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from . import cpu_attention
+from .native import attention as native_attention
 
 if TYPE_CHECKING:
     from .ragged import RaggedBatch
@@ -140,10 +140,10 @@ def attend(batch: RaggedBatch, layer: int, query: torch.Tensor, key: torch.Tenso
     keys[batch.write_slot, :, batch.write_entry[gi]] = key[0, :, :real].transpose(0, 1).to(keys.dtype)
     values[batch.write_slot, :, batch.write_entry[gi]] = value[0, :, :real].transpose(0, 1).to(values.dtype)
     explicit = softcap is not None or sinks is not None
-    if sinks is None and cpu_attention.applies(query, keys, values):
-        lib = cpu_attention.kernel()
+    if sinks is None and native_attention.applies(query, keys, values):
+        lib = native_attention.kernel()
         if lib is not None:  # every view in one native call (soft-capped scores too)
-            return cpu_attention.attend_native(lib, batch, gi, query, keys, values, scaling, softcap)
+            return native_attention.attend_native(lib, batch, gi, query, keys, values, scaling, softcap)
     heads, kv_heads, d = query.shape[1], keys.shape[1], query.shape[-1]
     width = heads * values.shape[-1]
     rows = query[0].transpose(0, 1)  # [rows, heads, head_dim], a view

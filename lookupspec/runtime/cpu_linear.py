@@ -4,14 +4,12 @@
 decoding produces (1 to ~32 rows against a large weight) that path is slow, and pathologically so
 for 2-3 rows (each row re-reads the weight). Two packed backends read the weight once per call:
 
-- the streaming kernel (:mod:`.cpu_gemm`, ``sgemm.c`` built on first use), where it builds (Linux
-  on x86-64 with AVX2+FMA and a C compiler): rows ride along the weight stream almost for free up
-  to a few dozen (SmolLM2-135M's products per step, 2-core Xeon, ``lookupspec bench-linear``:
-  25 / 28 / 37 ms at 1 / 8 / 16 rows, oneDNN 35 / 39 / 48 ms), and a row's bits never depend on the
-  other rows;
-- oneDNN with the weight reordered ahead of time into its blocked layout, everywhere else (2-core
-  EPYC, single thread: LM head [49152 x 576] 1 row 7.4 -> 3.9 ms, 8 rows 15.2 -> 4.8 ms against
-  MKL; MLP [1536 x 576] 1 row 55 -> 53 us, 8 rows 238 -> 92 us).
+- the streaming kernel (:mod:`.native.matmul`, ``matmul.c`` built on first use), where it builds
+  (Linux on x86-64 with AVX2+FMA and a C compiler): rows ride along the weight stream almost for
+  free up to a few dozen (``python -m tools bench-linear`` compares it with oneDNN), and a row's bits
+  never depend on the other rows;
+- oneDNN with the weight reordered ahead of time into its blocked layout, everywhere else (about
+  twice MKL's speed at one row on an LM head, three times at 8 rows).
 
 ``LOOKUPSPEC_CPU_LINEAR`` (``auto``, ``stream``, ``onednn``) chooses; ``auto`` prefers the kernel.
 Both are the same float32 arithmetic in another summation order, so logits differ from the unpacked
@@ -24,11 +22,11 @@ autograd, no ``state_dict``, no ``.to(device)``).
 
 :class:`FusedLinears` runs packed layers that read one input (an attention block's q/k/v, an MLP's
 gate/up) as one matmul over their stacked weights: one call instead of three or two, which is what
-a decode step's few rows pay for (~50 us per oneDNN call here). Each output column is still the
-same dot product; :meth:`FusedLinears.fuse` keeps a fusion only where a probe shows the separate
-layers' outputs bit for bit (up to 200 rows). The lean forward uses it for every forward, prompt
-chunks included (at 128-row chunks fused and separate layers take the same time; one 1000-row
-oneDNN product is ~10% slower fused: 1.20 s against 1.09 s, measured).
+a decode step's few rows pay for (each oneDNN call has a fixed cost of tens of microseconds). Each
+output column is still the same dot product; :meth:`FusedLinears.fuse` keeps a fusion only where a
+probe shows the separate layers' outputs bit for bit (up to 200 rows). The lean forward uses it for
+every forward, prompt chunks included (at 128-row chunks fused and separate layers take the same
+time).
 
 Batch invariance. A batched forward stacks the rows of many sequences into one product, so a row's
 result must not depend on the other rows. The streaming kernel's does not, by construction. oneDNN's
@@ -48,10 +46,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import cpu_gemm
+from .native import matmul
+from .native.quantized import QuantWeights
 
-__all__ = ["FusedLinears", "PackedLinear", "linear_backend", "pack_linears", "packing_available",
-           "single_row_differs"]
+__all__ = ["FusedLinears", "PackedLinear", "QuantizedLinear", "linear_backend", "pack_linears",
+           "packing_available", "single_row_differs"]
 
 _BATCH_HINT = 8  # the row count oneDNN tunes the layout for; measured best for 1-32 rows here
 _PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 16, 24, 32, 48, 100, 136, 200)
@@ -78,23 +77,23 @@ class _OneDNNWeights:
 
 
 def linear_backend() -> str:
-    """The backend new packed layers use: ``"stream"`` (:mod:`.cpu_gemm`) or ``"onednn"``."""
-    return "stream" if cpu_gemm.kernel() is not None else "onednn"
+    """The backend new packed layers use: ``"stream"`` (:mod:`.native.matmul`) or ``"onednn"``."""
+    return "stream" if matmul.kernel() is not None else "onednn"
 
 
-Weights = _OneDNNWeights | cpu_gemm.StreamWeights
+Weights = _OneDNNWeights | matmul.StreamWeights
 
 
 def _weights(weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int,
              lib: ctypes.CDLL | None) -> Weights:
     """``weight`` packed for the streaming kernel ``lib``, or for oneDNN when ``lib`` is None."""
     if lib is not None:
-        return cpu_gemm.StreamWeights(lib, weight, bias)
+        return matmul.StreamWeights(lib, weight, bias)
     return _OneDNNWeights(weight, bias, batch_hint)
 
 
 def _backend(weights: Weights) -> str:
-    return "stream" if isinstance(weights, cpu_gemm.StreamWeights) else "onednn"
+    return "stream" if isinstance(weights, matmul.StreamWeights) else "onednn"
 
 
 def _matmul(x: torch.Tensor, product: Product, pad_single: bool) -> torch.Tensor:
@@ -145,7 +144,7 @@ def _onednn_available() -> bool:
 def packing_available() -> bool:
     """Whether float32 CPU layers can be packed: the streaming kernel builds here, or this torch
     build has the oneDNN linear ops (CPU builds with mkldnn do)."""
-    return cpu_gemm.kernel() is not None or _onednn_available()
+    return matmul.kernel() is not None or _onednn_available()
 
 
 def _key(weights: Weights, in_features: int, out_features: int) -> tuple:
@@ -162,7 +161,7 @@ class PackedLinear(torch.nn.Module):
         self.out_features = linear.out_features
         with torch.no_grad():
             # a plain attribute, not a buffer: packed weights cannot be saved or moved like tensors
-            self.weights = _weights(linear.weight, linear.bias, batch_hint, cpu_gemm.kernel())
+            self.weights = _weights(linear.weight, linear.bias, batch_hint, matmul.kernel())
         self.pad_single = bool(single_row_differs(self.weights, _key(self.weights, self.in_features,
                                                                      self.out_features), self.in_features))
 
@@ -201,7 +200,7 @@ class FusedLinears:
                 raise ValueError("cannot fuse layers of which only some have a bias")
             bias = torch.cat([p.bias for p in parts]).contiguous() if all(has_bias) else None  # type: ignore[misc]
             first = parts[0].weights  # the parts' own library, whatever the environment says now
-            lib = first.lib if isinstance(first, cpu_gemm.StreamWeights) else None
+            lib = first.lib if isinstance(first, matmul.StreamWeights) else None
             self.weights: Weights = _weights(stacked, bias, batch_hint, lib)
         self.parts = tuple(parts)  # kept alive with the fusion, so their identities stay theirs
         self.in_features = parts[0].in_features
@@ -266,3 +265,43 @@ def pack_linears(model: torch.nn.Module, batch_hint: int = _BATCH_HINT,
                 setattr(parent, name, memo[id(child)][1])
                 replaced += 1
     return replaced
+
+
+class QuantizedLinear(torch.nn.Module):
+    """``y = x @ W.T + b`` with ``W`` a GGUF-quantized tensor multiplied as it is
+    (:mod:`.native.quantized`): the outputs of the streaming float32 kernel on gguf's dequantization
+    of ``W``, bit for bit, from the quantized bytes. Keeps ``in_features``/``out_features``."""
+
+    backend = "quantized"
+
+    def __init__(self, weights: QuantWeights) -> None:
+        super().__init__()
+        self.weights = weights  # a plain attribute, as PackedLinear's
+        self.in_features = weights.in_features
+        self.out_features = weights.out_features
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.weights.bias
+
+    @property
+    def kind(self) -> str:
+        """The GGUF type: ``"Q4_K"``, ``"Q8_0"``, ..."""
+        return self.weights.kind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weights(x)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The dequantized weight ``[out_features, in_features]`` (a new float32 tensor)."""
+        return self.weights.dense()
+
+    @staticmethod
+    def stack(parts: Sequence[QuantizedLinear]) -> QuantWeights | None:
+        """Layers that read one input as one product over their stacked rows (each output the same
+        chain, so the same bits as the separate layers), or None where their types or shapes do not
+        allow it."""
+        return QuantWeights.stack([p.weights for p in parts])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind}"

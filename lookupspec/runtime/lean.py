@@ -14,9 +14,9 @@ and KV entries are bit-identical to the runner's transformers path (tested on th
 SmolLM2). The runner uses it for every forward: decode, verification and prefill chunks, alone or
 sharing one forward.
 
-Where ``lean.c`` builds (:mod:`lookupspec.runtime.lean_native`), the rotary embedding with the rows'
+Where ``layer_ops.c`` builds (:mod:`lookupspec.runtime.native.layer_ops`), the rotary embedding with the rows'
 KV-pool writes, and each residual sum with the RMSNorm after it, are one native call each (with the
-native attention: the rotated queries go straight to ``attend.c``), with the same roundings as those
+native attention: the rotated queries go straight to ``attention.c``), with the same roundings as those
 torch ops and the mean of squares summed in torch's order, so the same bits; elsewhere, or with
 ``LOOKUPSPEC_LEAN_NATIVE=torch``, the torch ops run.
 
@@ -41,8 +41,9 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import rotate_half  # qwen2's and mistral's are the same
 
-from . import cpu_attention, lean_native
 from .attention import attend, layer_pool
+from .native import attention as native_attention
+from .native import layer_ops
 
 if TYPE_CHECKING:
     from .ragged import RaggedBatch
@@ -73,12 +74,16 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 def _joint(linears: list[Any]) -> Any:
     """A callable ``x -> cat([lin(x) for lin in linears], -1)``: one fused oneDNN matmul when the
     layers are packed and fuse bit-identically, else one call per layer."""
-    from .cpu_linear import FusedLinears, PackedLinear
+    from .cpu_linear import FusedLinears, PackedLinear, QuantizedLinear
 
     if all(type(lin) is PackedLinear for lin in linears):
         fused = FusedLinears.fuse(linears)
         if fused is not None:
             return fused
+    if all(type(lin) is QuantizedLinear for lin in linears):
+        stacked = QuantizedLinear.stack(linears)
+        if stacked is not None:
+            return stacked
     return lambda x: torch.cat([lin(x) for lin in linears], dim=-1)
 
 
@@ -139,34 +144,35 @@ class LeanForward:
 
     def _native_attention(self, batch: RaggedBatch) -> Any:
         """The attention kernel when this forward's layers can take the native path end to end (the
-        rotary embedding and the pool writes in ``lean.c``, attention in ``attend.c``: every pool group
-        as :func:`~lookupspec.runtime.cpu_attention.applies` wants it, with the model's key/value heads
-        and values as wide as the heads), else None."""
-        lib = cpu_attention.kernel()
+        rotary embedding and the pool writes in ``layer_ops.c``, attention in ``attention.c``: every
+        pool group as :func:`~lookupspec.runtime.native.attention.applies` wants it, with the model's
+        key/value heads and values as wide as the heads), else None."""
+        lib = native_attention.kernel()
         if lib is None:
             return None
         for group in batch.pool.groups:
             keys, values = batch.pool.keys(group.layers[0]), batch.pool.values(group.layers[0])
             if (values.shape[-1] != self.head_dim or keys.shape[1] != self.n_kv
-                    or values.device != keys.device or not cpu_attention.applies(self._query, keys, values)):
+                    or values.device != keys.device
+                    or not native_attention.applies(self._query, keys, values)):
                 return None
         return lib
 
     def _add_norm(self, native: Any) -> Any:
         """``(h, y, weight, eps) -> (h + y, RMSNorm(h + y))`` (``y`` None: no sum): one native pass
-        that updates ``h`` in place where ``lean.c`` can sum the squares in torch's order
-        (:func:`~lookupspec.runtime.lean_native.sum_lanes`), else the torch sum and mean of squares
+        that updates ``h`` in place where ``layer_ops.c`` can sum the squares in torch's order
+        (:func:`~lookupspec.runtime.native.layer_ops.sum_lanes`), else the torch sum and mean of squares
         with the native scaling, or the torch ops."""
-        lanes = None if native is None else lean_native.sum_lanes(native, int(self.embed.shape[1]))
+        lanes = None if native is None else layer_ops.sum_lanes(native, int(self.embed.shape[1]))
 
         def add_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
             if lanes is not None and h.is_contiguous():
-                return h, lean_native.add_rms_norm(native, h, y, weight, eps, lanes)
+                return h, layer_ops.add_rms_norm(native, h, y, weight, eps, lanes)
             if y is not None:
                 h = h + y
             if native is not None:
-                return h, lean_native.rms_norm(native, h, weight, eps)
+                return h, layer_ops.rms_norm(native, h, weight, eps)
             return h, _rms_norm(h, weight, eps)
 
         return add_norm
@@ -181,7 +187,7 @@ class LeanForward:
         cos, sin = self.rotary(h, position_ids=batch.position_ids)
         d, nq, nkv = self.head_dim, self.n_heads, self.n_kv
         inter = self.intermediate
-        native = lean_native.kernel()  # the element-wise steps in one call each (same bits)
+        native = layer_ops.kernel()  # the element-wise steps in one call each (same bits)
         attn = self._native_attention(batch) if native is not None else None
         add_norm = self._add_norm(native)
         if attn is None:
@@ -192,10 +198,10 @@ class LeanForward:
         for i, layer in enumerate(self.layers):
             if attn is not None and native is not None:
                 gi, keys, values = layer_pool(batch, i, self.windows[i])
-                q = lean_native.rope_store(native, layer.qkv(x).view(n, nq + 2 * nkv, d), cos, sin, nq, nkv,
+                q = layer_ops.rope_store(native, layer.qkv(x).view(n, nq + 2 * nkv, d), cos, sin, nq, nkv,
                                            keys, values, batch.write_slot, batch.write_entry[gi],
                                            batch.real_rows)
-                att = cpu_attention.attend_native(attn, batch, gi, q, keys, values, self.scaling)
+                att = native_attention.attend_native(attn, batch, gi, q, keys, values, self.scaling)
             else:
                 qkv = layer.qkv(x).view(1, n, nq + 2 * nkv, d).transpose(1, 2)
                 qk = qkv[:, : nq + nkv]

@@ -158,7 +158,7 @@ class RaggedBatch:
             row += n
         self.real_rows = row
         self.pad = max(0, pad_to - row)
-        self.native_plans: dict[int, Any] = {}  # per pool group, cpu_attention's plan (made on first use)
+        self.native_plans: dict[int, Any] = {}  # per pool group, native.attention's plan (made on first use)
         wpos_a = np.asarray(wpos, dtype=np.int64)
         self._staged = (stage.add(np.asarray([ids + [0] * self.pad], np.int64), torch.int64),
                         stage.add(np.asarray([pos + [0] * self.pad], np.int64), torch.int64),

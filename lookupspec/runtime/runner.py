@@ -34,7 +34,7 @@ When a runner is built it checks itself against the model (:meth:`ModelRunner._p
    count.
 3. chunk invariance: a prompt prefilled whole and in uneven chunks, then one decode row, must give
    bit-identical logits. It holds where every op is row-wise invariant and attention computes a row
-   by its position alone (:mod:`.cpu_attention`'s kernel); SDPA's chunk-after-cache path does not.
+   by its position alone (:mod:`.native.attention`'s kernel); SDPA's chunk-after-cache path does not.
    Where it holds (``chunk_invariant``), the scheduler may size prompt chunks by the load without
    changing a token.
 """
@@ -284,9 +284,9 @@ class ModelRunner:
         finally:
             for slot in slots.values():
                 self.free(slot)
-        from . import cpu_attention
+        from .native import attention as native_attention
 
-        native = self.device.type == "cpu" and cpu_attention.kernel() is not None
+        native = self.device.type == "cpu" and native_attention.kernel() is not None
         self._chunk_probe = (bool(self.batch_invariant) and self._chunking_changes_nothing(
             ids(max(2, min(40, self.context_window - 2))), ids(1)), native)
 
@@ -295,10 +295,10 @@ class ModelRunner:
         """Whether the probe found the forward chunk-invariant (module docstring, check 3), with the
         attention in force now: a probe passed with the native CPU attention no longer holds once
         ``LOOKUPSPEC_CPU_ATTENTION=sdpa`` switches it off. False for a runner built unchecked."""
-        from . import cpu_attention
+        from .native import attention as native_attention
 
         invariant, native = self._chunk_probe
-        return invariant and (not native or cpu_attention.kernel() is not None)
+        return invariant and (not native or native_attention.kernel() is not None)
 
     def _chunking_changes_nothing(self, prompt: list[int], token: list[int]) -> bool:
         """Whether ``prompt`` prefilled whole and in three uneven chunks gives the same bits: the last

@@ -44,7 +44,7 @@ class ServiceConfig:
     max_batch_tokens: rows one step may have, prefill chunk included (None: no cap beyond the draft
     budget the drafting policy chooses).
     prefill_stretch: while sequences decode, a forward carrying a prompt chunk may take about this
-    many times a plain step of the batch (``lookupspec.chunk_budget``; 0: whole prefill chunks always).
+    many times a plain step of the batch (``lookupspec.cost.chunk``; 0: whole prefill chunks always).
     request_timeout_s: deadline of one generation request, queueing included.
     max_model_len: caps the context window below the model's (None: the model's own).
     output_cap_tokens: size of each namespace's output index (lookup index of earlier outputs).

@@ -1,13 +1,13 @@
 """This replica's lookup indexes, kept equal to the shared store's state, and the per-request scope.
 
-``IndexRegistry`` is a store listener (``gateway.store.StateListener``): for every namespace it keeps
+``IndexRegistry`` is a store listener (``lookupspec.store.StateListener``): for every namespace it keeps
 one ``CorpusIndex`` per document collection and one ``OutputIndex`` of earlier outputs, updated by the
 store's hooks as records are applied (own writes, replay at start-up, other replicas' writes). Drafting
-reads only these in-memory stores, never the store or Redis.
+reads only these in-memory indexes, never the store or Redis.
 
 ``corpus(namespace, name)`` and ``output(namespace)`` hand a request's planner (``lookupspec.planning``)
-the stores it may draft from, all of its own namespace: that is the isolation rule. A request keeps
-the store objects it was given, so a collection deleted while a request runs stays readable by that
+the indexes it may draft from, all of its own namespace: that is the isolation rule. A request keeps
+the index objects it was given, so a collection deleted while a request runs stays readable by that
 request and is gone for later ones.
 """
 
@@ -32,11 +32,11 @@ class _Namespace:
 
 class IndexRegistry:
     """Thread-safe. Hooks are called serialized by the store (never concurrently with each other);
-    the store queries run on request threads at the same time."""
+    the index queries run on request threads at the same time."""
 
     def __init__(self, *, output_cap_tokens: int = 1_000_000) -> None:
         self.output_cap_tokens = output_cap_tokens
-        self._lock = threading.Lock()  # guards the dicts; the stores themselves are thread-safe
+        self._lock = threading.Lock()  # guards the dicts; the indexes themselves are thread-safe
         self._namespaces: dict[str, _Namespace] = {}
         CorpusIndex()  # JIT warm-up (numba) now, not on the first request
 

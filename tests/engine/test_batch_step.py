@@ -9,7 +9,7 @@ import pytest
 import torch
 from scripted import ScriptedDrafting
 
-from lookupspec.adaptive import BudgetPolicy
+from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.params import GenerationParams, SpecParams
 from lookupspec.runtime import pack_linears, packing_available

@@ -41,7 +41,7 @@ from scripted import ScriptedDrafting
 from torch.overrides import TorchFunctionMode
 
 from lookupspec import kernels
-from lookupspec.adaptive import BudgetPolicy
+from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.params import GenerationParams, SpecParams
 from lookupspec.sampling import SamplingParams

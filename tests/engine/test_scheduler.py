@@ -11,7 +11,7 @@ import pytest
 import torch
 from scripted import ScriptedDrafting
 
-from lookupspec.adaptive import BudgetPolicy
+from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.iteration_trace import IterationTrace
 from lookupspec.params import GenerationParams, SpecParams
@@ -109,7 +109,7 @@ def test_requests_run_together_and_each_gets_its_own_tokens(model, tmp_path) -> 
 
     engine.drafting.choose_batch = spy
     for _ in range(5):  # a measured step cost (the server's warm-up seeds it), far below the real one
-        engine.drafting.steps.observe([1], [10], 1e-5)
+        engine.costs.steps.observe([1], [10], 1e-5)
     _drain(sched, sinks)
     assert [s.tokens for s in sinks] == [truth[tuple(p)] for p, _ in requests]
     assert all(s.error is None for s in sinks)
@@ -120,7 +120,7 @@ def test_requests_run_together_and_each_gets_its_own_tokens(model, tmp_path) -> 
     assert st.shared_forwards > 0  # prompt chunks rode on steps' forwards
     # the policy is told which forwards carry a chunk, and what a chunk token costs there is measured
     assert shared.count(True) == st.shared_forwards and False in shared
-    assert engine.drafting.steps.chunk_row_s > 0
+    assert engine.costs.steps.chunk_row_s > 0
     assert st.prefill_s > 0 and st.decode_s > 0
     assert engine.runner.pool.in_use() == 0
     # the trace has one record per forward, and they add up to what ran
@@ -315,7 +315,7 @@ def test_chunks_follow_the_load_and_the_tokens_do_not_change(model) -> None:
     classes: list[tuple[int, int]] = []  # (slots, speculating slots) per budget asked
 
     def tokens(plain_step_s, slots=1, per_token=None, speculating=0):
-        prices.append((per_token, engine.drafting.steps.chunk_row_s))
+        prices.append((per_token, engine.costs.steps.chunk_row_s))
         classes.append((slots, speculating))
         return sized(plain_step_s, slots, per_token, speculating)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from scripted import ScriptedDrafting
 
-from lookupspec.adaptive import BudgetPolicy
+from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.params import GenerationParams, SpecParams
 from lookupspec.sampling import SamplingParams

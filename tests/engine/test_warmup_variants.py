@@ -14,7 +14,7 @@ from lookupspec.kernels import variants  # imports no triton: the skip below sti
 from scripted import ScriptedDrafting
 
 from lookupspec import kernels
-from lookupspec.adaptive import BudgetPolicy
+from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.params import GenerationParams, SpecParams
 from lookupspec.sampling import SamplingParams

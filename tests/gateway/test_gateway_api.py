@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from gateway_harness import KEY_ALPHA, KEY_BETA, MODEL, Gateway, sse_events
+from reference import complete
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +65,7 @@ def test_models_lists_the_served_model(oai: openai.OpenAI) -> None:
 
 
 def test_chat_completion_equals_in_process_engine(oai: openai.OpenAI, text_engine) -> None:
-    expected = text_engine.complete(messages=MESSAGES, max_tokens=24, temperature=0.0)
+    expected = complete(text_engine, messages=MESSAGES, max_tokens=24, temperature=0.0)
     got = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0)
     assert got.choices[0].message.content == expected.text
     assert got.choices[0].finish_reason == expected.finish_reason
@@ -75,7 +76,7 @@ def test_chat_completion_equals_in_process_engine(oai: openai.OpenAI, text_engin
 
 
 def test_streamed_chat_equals_in_process_engine(oai: openai.OpenAI, text_engine) -> None:
-    expected = text_engine.complete(messages=MESSAGES, max_tokens=40, temperature=0.0)
+    expected = complete(text_engine, messages=MESSAGES, max_tokens=40, temperature=0.0)
     stream = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=40,
                                          temperature=0, stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
@@ -97,7 +98,7 @@ def test_seeded_sampling_with_n_and_batched_prompts_equals_in_process(oai: opena
     assert [c.index for c in got.choices] == [0, 1, 2, 3]
     for c in got.choices:
         p, j = divmod(c.index, 2)
-        want = text_engine.complete(prompt=prompts[p], max_tokens=12, temperature=0.9, top_p=0.95, top_k=50,
+        want = complete(text_engine, prompt=prompts[p], max_tokens=12, temperature=0.9, top_p=0.95, top_k=50,
                                     seed=1234 + j)
         assert c.text == want.text, (c.index, c.text, want.text)
     # usage counts each prompt once, and every sample's tokens
@@ -105,10 +106,10 @@ def test_seeded_sampling_with_n_and_batched_prompts_equals_in_process(oai: opena
 
 
 def test_streamed_completion_with_stop_string_equals_in_process(oai: openai.OpenAI, text_engine) -> None:
-    full = text_engine.complete(prompt="hello world", max_tokens=32, temperature=0.0).text
+    full = complete(text_engine, prompt="hello world", max_tokens=32, temperature=0.0).text
     stop = full[10:13]
     assert stop and stop.strip(), full
-    expected = text_engine.complete(prompt="hello world", max_tokens=32, temperature=0.0, stop=[stop])
+    expected = complete(text_engine, prompt="hello world", max_tokens=32, temperature=0.0, stop=[stop])
     stream = oai.completions.create(model=MODEL, prompt="hello world", max_tokens=32, temperature=0,
                                     stop=stop, stream=True)
     chunks = list(stream)
@@ -439,7 +440,7 @@ def test_prompts_that_share_a_prefix_reuse_its_kv_within_their_namespace(
     _, first = _ask(oai, "What does with call first?")
     text, cached = _ask(oai, "Can the block's exception be suppressed?")
     question = "Can the block's exception be suppressed?"
-    want = text_engine.complete(messages=[{"role": "system", "content": PASSAGES},
+    want = complete(text_engine, messages=[{"role": "system", "content": PASSAGES},
                                           {"role": "user", "content": question}], max_tokens=12)
     assert text == want.text  # served from the cached prefix: the same answer
     asked = [text_engine.encode_prompt(messages=[{"role": "system", "content": PASSAGES},

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from gateway_harness import MODEL, Gateway
+from reference import complete
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +76,7 @@ def test_32_streams_with_cancellations_deadlines_and_bad_requests(server: Gatewa
     for i, text, reason in results:
         if reason == "cancelled":
             continue
-        want = text_engine.complete(prompt=_prompt(i), max_tokens=32, temperature=0 if i % 2 == 0 else 0.8,
+        want = complete(text_engine, prompt=_prompt(i), max_tokens=32, temperature=0 if i % 2 == 0 else 0.8,
                                     seed=i)
         assert (text, reason) == (want.text, want.finish_reason), f"request {i}"
     assert sum(r == "cancelled" for _, _, r in results) == 8
@@ -131,7 +132,7 @@ def test_a_deadline_ends_only_its_own_request(gateways, text_engine) -> None:
     t0 = time.monotonic()
     short, status = asyncio.run(run())
     for i, r in enumerate(short):
-        assert r.choices[0].text == text_engine.complete(prompt=_prompt(i), max_tokens=24).text
+        assert r.choices[0].text == complete(text_engine, prompt=_prompt(i), max_tokens=24).text
     assert status == 504 and time.monotonic() - t0 < 30
     m = server.metrics()
     assert m['lookupspec_requests_aborted_total{reason="deadline"}'] == 1
@@ -154,7 +155,7 @@ def test_a_reserved_kv_cache_never_grows_under_load(server: Gateway, text_engine
     assert before["lookupspec_kv_cache_resizes_total"] == 1  # the reservation itself
     assert 4 * 2**20 < before["lookupspec_kv_cache_bytes"] <= 64 * 2**20
     for i, text in enumerate(asyncio.run(load())):
-        assert text == text_engine.complete(prompt=_prompt(i) * 8, max_tokens=12, temperature=0).text
+        assert text == complete(text_engine, prompt=_prompt(i) * 8, max_tokens=12, temperature=0).text
     after = server.metrics()
     assert after["lookupspec_kv_cache_resizes_total"] == 1
     assert after["lookupspec_kv_cache_bytes"] == before["lookupspec_kv_cache_bytes"]
@@ -188,7 +189,7 @@ def test_a_reserved_kv_cache_gives_sliding_window_layers_only_their_window(tiny_
         alone = TextEngine.load(str(tiny_models[name]))
         assert max(len(alone.encode_text(_prompt(i) * 3, add_special_tokens=True)) for i in range(8)) > 320
         for i, text in enumerate(asyncio.run(load())):
-            assert text == alone.complete(prompt=_prompt(i) * 3, max_tokens=40, temperature=0).text
+            assert text == complete(alone, prompt=_prompt(i) * 3, max_tokens=40, temperature=0).text
         after = g.metrics()
         assert after["lookupspec_kv_cache_resizes_total"] == 1
         assert after["lookupspec_kv_cache_bytes"] == before["lookupspec_kv_cache_bytes"] <= 2 * 2**20

@@ -52,10 +52,11 @@ def test_the_warm_up_does_the_first_requests_lazy_work(tiny_model) -> None:
     """Before the server is ready: a generation, the prompt byte bound (a parse of the tokenizer's
     JSON, ~0.4 s for SmolLM2, which the first request would otherwise pay) and a chat prompt."""
     from lookupspec.text import TextEngine
+    from lookupspec.warmup import warm_text
 
     te = TextEngine.load(str(tiny_model))
     assert "prompt_bound" not in te.__dict__
-    serve._warm_up(te)
+    warm_text(te)
     assert "prompt_bound" in te.__dict__
 
 

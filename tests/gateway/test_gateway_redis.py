@@ -14,6 +14,7 @@ import httpx
 import pytest
 from gateway_harness import MODEL, Gateway, start_all
 from redis_harness import RedisServer
+from reference import complete
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -84,7 +85,7 @@ def test_a_collection_written_through_a_is_visible_on_b_within_a_second(cluster:
 
 def test_b_drafts_from_a_collection_written_through_a(cluster: Cluster, text_engine) -> None:
     prompt = text_engine.encode_prompt(prompt="Cross-replica drafting: replica B reads")
-    expected = text_engine.complete(prompt_ids=prompt, max_tokens=48, temperature=0.0)
+    expected = complete(text_engine, prompt_ids=prompt, max_tokens=48, temperature=0.0)
     text = text_engine.tokenizer.decode(prompt) + expected.text
     with cluster.a.client() as ca, cluster.b.client() as cb:
         upload(ca, "kb-draft", [("source", text)])

@@ -68,28 +68,28 @@ def test_lean_forward_is_bit_identical(tiny_models, name, packed) -> None:
 
 @pytest.mark.parametrize("setting", ["auto", "no-sum-order", "torch"])
 def test_the_native_element_wise_steps_give_the_torch_ops_bits(tiny_models, monkeypatch, setting) -> None:
-    """With lean.c (the default where it builds) the rotary embedding, the pool writes, and each
+    """With layer_ops.c (the default where it builds) the rotary embedding, the pool writes, and each
     residual sum with the RMSNorm after it run natively in every layer, and the logits and KV entries
-    are still transformers' bits. Where lean.c cannot sum squares in torch's order ("no-sum-order")
+    are still transformers' bits. Where layer_ops.c cannot sum squares in torch's order ("no-sum-order")
     the mean of squares stays torch's and only the scaling is native; with
     LOOKUPSPEC_LEAN_NATIVE=torch the torch ops run. The same bits every time."""
     from lookupspec.models import load_model
-    from lookupspec.runtime import lean_native
+    from lookupspec.runtime.native import layer_ops
 
     monkeypatch.setenv("LOOKUPSPEC_LEAN_NATIVE", "torch" if setting == "torch" else "auto")
-    if setting != "torch" and lean_native.kernel() is None:
-        pytest.skip("lean.c does not build here")
+    if setting != "torch" and layer_ops.kernel() is None:
+        pytest.skip("layer_ops.c does not build here")
     if setting == "no-sum-order":
-        monkeypatch.setattr(lean_native, "sum_lanes", lambda lib, dim: None)
+        monkeypatch.setattr(layer_ops, "sum_lanes", lambda lib, dim: None)
     calls = {"rope_store": 0, "rms_norm": 0, "add_rms_norm": 0}
     for name in calls:
-        real = getattr(lean_native, name)
+        real = getattr(layer_ops, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
             calls[_name] += 1
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(lean_native, name, counted)
+        monkeypatch.setattr(layer_ops, name, counted)
     for family in ("tiny-llama", "tiny-mistral"):  # full attention; sliding windows
         model = load_model(str(tiny_models[family])).model
         assert model.config.num_hidden_layers == 2
@@ -108,18 +108,18 @@ def test_the_native_element_wise_steps_give_the_torch_ops_bits(tiny_models, monk
 
 
 def test_the_sum_of_squares_follows_torchs_order() -> None:
-    """lean.c's residual-and-norm pass matches torch's ops for every row count and the hidden sizes
+    """layer_ops.c's residual-and-norm pass matches torch's ops for every row count and the hidden sizes
     of common models, with the vector width found by comparing with torch."""
-    from lookupspec.runtime import lean_native
+    from lookupspec.runtime.native import layer_ops
 
-    lib = lean_native.kernel()
+    lib = layer_ops.kernel()
     if lib is None:
-        pytest.skip("lean.c does not build here")
+        pytest.skip("layer_ops.c does not build here")
     from lookupspec.runtime.lean import _rms_norm
 
     gen = torch.Generator().manual_seed(3)
     for dim in (64, 576, 960, 2048, 4096, 5000):
-        lanes = lean_native.sum_lanes(lib, dim)
+        lanes = layer_ops.sum_lanes(lib, dim)
         assert lanes in (8, 16)
         weight = torch.randn(dim, generator=gen)
         for rows in (1, 3, 40, 129):
@@ -128,9 +128,9 @@ def test_the_sum_of_squares_follows_torchs_order() -> None:
             y = torch.randn(1, rows, dim, generator=gen)
             want_h = h + y
             want = _rms_norm(want_h, weight, 1e-5)
-            got = lean_native.add_rms_norm(lib, h, y, weight, 1e-5, lanes)
+            got = layer_ops.add_rms_norm(lib, h, y, weight, 1e-5, lanes)
             assert torch.equal(h, want_h) and torch.equal(got, want), (dim, rows)
-            assert torch.equal(lean_native.add_rms_norm(lib, want_h.clone(), None, weight, 1e-5, lanes), want)
+            assert torch.equal(layer_ops.add_rms_norm(lib, want_h.clone(), None, weight, 1e-5, lanes), want)
 
 
 def test_lean_forward_declines_what_it_does_not_cover(tiny_models) -> None:

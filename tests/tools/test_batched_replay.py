@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lookupspec.adaptive import Exploration
 from lookupspec.benchmarks.oracle import copy_oracle
+from lookupspec.drafting.acceptance import Exploration
 from tools.batched_replay import BatchPolicy, ReplayItem, replay_batch
 from tools.replay import _engine_parts, replay_prompt
 from tools.replay_costs import (

@@ -1,4 +1,4 @@
-"""The streaming float32 matmul (sgemm.c): right to float32 rounding, and batch-invariant bit for bit:
+"""The streaming float32 matmul (native/matmul.c): right to float32 rounding, and batch-invariant bit for bit:
 a row's result never depends on the other rows, their number, the tiling or the thread count."""
 
 from __future__ import annotations
@@ -6,21 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lookupspec.runtime import cpu_gemm
 from lookupspec.runtime.cpu_linear import FusedLinears, PackedLinear, linear_backend
-from lookupspec.runtime.native_build import LazyLibrary
+from lookupspec.runtime.native import matmul
+from lookupspec.runtime.native.loader import LazyLibrary
 
 needs_kernel = pytest.mark.skipif(
-    cpu_gemm.kernel() is None, reason=f"the streaming kernel does not build here: {cpu_gemm.kernel_error()}")
+    matmul.kernel() is None, reason=f"the streaming kernel does not build here: {matmul.kernel_error()}")
 
 
-def _weights(n: int, k: int, bias: bool, seed: int = 0) -> cpu_gemm.StreamWeights:
+def _weights(n: int, k: int, bias: bool, seed: int = 0) -> matmul.StreamWeights:
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=gen) / k**0.5
     b = torch.randn(n, generator=gen) if bias else None
-    lib = cpu_gemm.kernel()
+    lib = matmul.kernel()
     assert lib is not None
-    return cpu_gemm.StreamWeights(lib, w, b)
+    return matmul.StreamWeights(lib, w, b)
 
 
 @needs_kernel
@@ -56,16 +56,16 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows_or_the_threads() -> None:
     finally:
         torch.set_num_threads(threads)
     # columns: a layer of the first 40 outputs gives the same bits as those columns of the whole
-    part = cpu_gemm.StreamWeights(sw.lib, sw.dense()[:40], sw.bias[:40])
+    part = matmul.StreamWeights(sw.lib, sw.dense()[:40], sw.bias[:40])
     assert torch.equal(part(x), full[:, :40])
 
 
 @needs_kernel
 def test_packing_round_trips_and_inputs_are_checked() -> None:
     w = torch.randn(37, 19)
-    lib = cpu_gemm.kernel()
+    lib = matmul.kernel()
     assert lib is not None
-    sw = cpu_gemm.StreamWeights(lib, w, None)
+    sw = matmul.StreamWeights(lib, w, None)
     assert torch.equal(sw.dense(), w)
     assert sw(torch.randn(2, 3, 19)).shape == (2, 3, 37)
     assert sw(torch.randn(0, 19)).shape == (0, 37)
@@ -93,43 +93,43 @@ def test_packed_layers_use_it_by_default_and_onednn_when_told(monkeypatch) -> No
     assert FusedLinears.fuse([onednn, stream]) is None  # never fused across backends
     monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", "onednn")  # fusion follows the parts, not the setting
     fused = FusedLinears.fuse([stream, other])
-    assert fused is not None and isinstance(fused.weights, cpu_gemm.StreamWeights)
+    assert fused is not None and isinstance(fused.weights, matmul.StreamWeights)
     monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", "fastest")
     with pytest.raises(ValueError, match="LOOKUPSPEC_CPU_LINEAR"):
         PackedLinear(lin)
 
 
 def test_a_failed_build_falls_back_to_onednn_or_fails_when_asked_for(monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(cpu_gemm, "_LIBRARY", LazyLibrary(cpu_gemm._SOURCE, cpu_gemm._declare,
+    monkeypatch.setattr(matmul, "_LIBRARY", LazyLibrary(matmul._SOURCE, matmul._declare,
                                                           "LOOKUPSPEC_CPU_LINEAR", on="stream", off="onednn",
                                                           fallback="oneDNN"))
     monkeypatch.setenv("LOOKUPSPEC_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", "auto")
-    assert cpu_gemm.kernel() is None
-    assert cpu_gemm.kernel_error() is not None
+    assert matmul.kernel() is None
+    assert matmul.kernel_error() is not None
     assert PackedLinear(torch.nn.Linear(8, 8)).backend == "onednn"
     monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", "stream")
     with pytest.raises(RuntimeError, match="could not be built"):
-        cpu_gemm.kernel()
+        matmul.kernel()
 
 
 @needs_kernel
 def test_the_avx2_build_gives_the_same_bits(tmp_path) -> None:
     """Each output is the same per-lane fma chain on 8 or 16 lanes, so an AVX2 build (for CPUs
     without AVX-512) must agree bit for bit with whatever this machine built."""
-    native = cpu_gemm.kernel()
+    native = matmul.kernel()
     assert native is not None
-    avx2 = cpu_gemm._LIBRARY.build("haswell", tmp_path)
-    assert avx2.lsg_isa() == 256
+    avx2 = matmul._LIBRARY.build("haswell", tmp_path)
+    assert avx2.matmul_isa() == 256
     gen = torch.Generator().manual_seed(5)
     w, b = torch.randn(131, 77, generator=gen), torch.randn(131, generator=gen)
     x = torch.randn(41, 77, generator=gen)
     for lib in (native, avx2):
-        assert torch.equal(cpu_gemm.StreamWeights(lib, w, b).dense(), w)
-    want = cpu_gemm.StreamWeights(native, w, b)(x)
+        assert torch.equal(matmul.StreamWeights(lib, w, b).dense(), w)
+    want = matmul.StreamWeights(native, w, b)(x)
     for m in (1, 2, 3, 7, 8, 9, 10, 41):  # AVX2 tiles change past 8 rows; the bits must not
-        assert torch.equal(cpu_gemm.StreamWeights(avx2, w, b)(x[:m]), want[:m]), m
+        assert torch.equal(matmul.StreamWeights(avx2, w, b)(x[:m]), want[:m]), m
 
 
 @needs_kernel

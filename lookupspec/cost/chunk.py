@@ -16,7 +16,7 @@ prefilling) would get small chunks exactly when their prefill is most of the wor
 prefill would keep the batch small (measured: a mean batch of 1.4 of 8, 16-token chunks).
 ``seconds_per_chunk_token`` is measured once, by the engine: what forwards that carried a chunk cost
 beyond their step's own estimate, per chunk token, exponentially averaged
-(:attr:`lookupspec.step_cost.StepCostModel.chunk_row_s`, the price the drafting policy puts on a
+(:attr:`lookupspec.cost.step.StepCostModel.chunk_row_s`, the price the drafting policy puts on a
 draft row in such a forward too). The scheduler passes it to :meth:`ChunkBudget.tokens`; until the
 engine has it, forwards that carried chunks alone seed the rate (an overestimate: they also read the
 weights).

@@ -1,18 +1,17 @@
-"""The lean forward's element-wise steps as native calls, built from ``lean.c`` on first use.
+"""The lean forward's element-wise steps as native calls, built from ``layer_ops.c`` on first use.
 
-Per layer the lean forward (:mod:`lookupspec.runtime.lean`) ran about a dozen small torch ops around
+Per layer the lean forward (:mod:`lookupspec.runtime.lean`) has about a dozen small steps around
 attention: the rotary embedding (two products, ``rotate_half``'s negation and concatenation, a sum),
 the two indexed copies of the rows' keys and values into the KV pool, and RMSNorm's ``rsqrt`` and two
-products, twice. Each op is a dispatch, an allocation and a pass over memory: ~45 us for the rotary
-embedding and the copies of an 8-row step on a 2-core EPYC, ~1.5 ms of a 35 ms step over 30 layers.
-Here they are one call each, with the same arithmetic: every product and sum rounded on its own
-as torch rounds it (the C is built with ``-ffp-contract=off``), so the logits and KV entries stay
-bit-identical to the torch ops (``tests/runtime/test_lean.py`` compares them with transformers'
-forward).
+products, twice. As torch ops each is a dispatch, an allocation and a pass over memory, which for a
+decode step's few rows costs more than the arithmetic. Here they are one call each, with the same
+arithmetic: every product and sum rounded on its own as torch rounds it (the C is built with
+``-ffp-contract=off``), so the logits and KV entries stay bit-identical to the torch ops
+(``tests/runtime/test_lean.py`` compares them with transformers' forward).
 
 The residual sum and the RMSNorm after it go further (:func:`add_rms_norm`: one pass for ``h + y``,
 ``pow(2).mean(-1)`` and the scaling): the mean of squares is a reduction, and its bits depend on the
-order of the additions, so ``lean.c`` adds them in the order of torch's own kernel (a cascade of four
+order of the additions, so ``layer_ops.c`` adds them in the order of torch's own kernel (a cascade of four
 levels of four interleaved vector accumulators; ``aten/src/ATen/native/cpu/SumKernel.cpp``).
 That order follows the vector width torch's kernel was built for (8 floats with AVX2, 16 with
 AVX-512), so :func:`sum_lanes` finds it by comparing whole steps with torch's ops on random rows,
@@ -30,22 +29,22 @@ from pathlib import Path
 
 import torch
 
-from .native_build import LazyLibrary
+from .loader import LazyLibrary
 
 __all__ = ["add_rms_norm", "kernel", "rms_norm", "rope_store", "sum_lanes"]
 
-_SOURCE = Path(__file__).with_name("lean.c")
+_SOURCE = Path(__file__).with_name("layer_ops.c")
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_float, ctypes.c_int
-    lib.lsl_rope_store.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, p, i64, p,
+    lib.layer_rope_store.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, p, i64, p,
                                    p, i64, i64, i64, p, i64, i64, i64, p, p, i64, i32]
-    lib.lsl_rope_store.restype = None
-    lib.lsl_rms_scale.argtypes = [p, i64, p, p, f32, p, i64, i64, i32]
-    lib.lsl_rms_scale.restype = None
-    lib.lsl_add_rms.argtypes = [p, p, p, f32, p, i64, i64, i32, i32]
-    lib.lsl_add_rms.restype = None
+    lib.layer_rope_store.restype = None
+    lib.layer_rms_scale.argtypes = [p, i64, p, p, f32, p, i64, i64, i32]
+    lib.layer_rms_scale.restype = None
+    lib.layer_add_rms.argtypes = [p, p, p, f32, p, i64, i64, i32, i32]
+    lib.layer_add_rms.restype = None
 
 
 _LIBRARY = LazyLibrary(_SOURCE, _declare, "LOOKUPSPEC_LEAN_NATIVE", on="native", off="torch",
@@ -64,7 +63,7 @@ def rms_norm(lib: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, eps: float
     variance = x.pow(2).mean(-1, keepdim=True)
     out = torch.empty_like(x)
     rows, dim = x.numel() // x.shape[-1], x.shape[-1]
-    lib.lsl_rms_scale(x.data_ptr(), dim, variance.data_ptr(), weight.data_ptr(), eps, out.data_ptr(),
+    lib.layer_rms_scale(x.data_ptr(), dim, variance.data_ptr(), weight.data_ptr(), eps, out.data_ptr(),
                       rows, dim, torch.get_num_threads())
     return out
 
@@ -80,8 +79,8 @@ def add_rms_norm(lib: ctypes.CDLL, h: torch.Tensor, y: torch.Tensor | None, weig
         y = y.contiguous()
     out = torch.empty_like(h)
     dim = h.shape[-1]
-    lib.lsl_add_rms(h.data_ptr(), None if y is None else y.data_ptr(), weight.data_ptr(), eps, out.data_ptr(),
-                    h.numel() // dim, dim, lanes, torch.get_num_threads())
+    lib.layer_add_rms(h.data_ptr(), None if y is None else y.data_ptr(), weight.data_ptr(), eps,
+                      out.data_ptr(), h.numel() // dim, dim, lanes, torch.get_num_threads())
     return out
 
 
@@ -89,13 +88,13 @@ _LANES: dict[int, int | None] = {}
 
 
 def sum_lanes(lib: ctypes.CDLL, dim: int) -> int | None:
-    """The vector width (16 or 8 floats) with which ``lean.c`` sums squares in the order of torch's
+    """The vector width (16 or 8 floats) with which ``layer_ops.c`` sums squares in the order of torch's
     own reduction for rows of ``dim`` floats (torch's kernels follow the CPU: AVX-512 or AVX2), or
     None when neither gives torch's bits and the mean must stay torch's. Found once per size by
     comparing whole residual-and-norm steps with the torch ops on random rows (1, 7 and 130 of them:
     the last take torch's multi-threaded path), magnitudes over six decades."""
     if dim not in _LANES:
-        from .lean import _rms_norm
+        from ..lean import _rms_norm
 
         gen = torch.Generator().manual_seed(dim)
         weight = torch.randn(dim, generator=gen)
@@ -129,7 +128,7 @@ def rope_store(lib: ctypes.CDLL, qkv: torch.Tensor, cos: torch.Tensor, sin: torc
         cos, sin = cos.contiguous(), sin.contiguous()
     slot, entry = slot.to(torch.int64).contiguous(), entry.to(torch.int64).contiguous()  # C reads longs
     q = qkv.new_empty((rows, heads, d))
-    lib.lsl_rope_store(qkv.data_ptr(), qkv.stride(0), qkv.stride(1), rows, heads, kv_heads, d, d,
+    lib.layer_rope_store(qkv.data_ptr(), qkv.stride(0), qkv.stride(1), rows, heads, kv_heads, d, d,
                        cos.data_ptr(), sin.data_ptr(), cos.stride(0), q.data_ptr(),
                        keys.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2),
                        values.data_ptr(), values.stride(0), values.stride(1), values.stride(2),

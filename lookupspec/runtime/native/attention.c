@@ -16,88 +16,30 @@
      out = (sum over c of e[c] * v_c, in order of c) * (1 / sum).
    (With AVX-512 the dot products of three query heads run together, each key loaded once for the
    three, and the weighted sums of three heads too, of two rows' six where a prompt chunk's rows see
-   the same entries, each value loaded once for all of them: on an Ice Lake Xeon, whose cores took
-   one 64-byte load a cycle for two fused multiply-adds, 1.45x the kernel's time in a real forward of
-   a 128-token chunk at 800 cached positions. With AVX2, three heads' weighted sums over 32 columns at
-   a time, for the 12 accumulator chains that keep its FMA units busy. Every head's sum is still the
-   same operations in the same order.)
+   the same entries, each value loaded once for all of them: on cores that take one 64-byte load per
+   two fused multiply-adds, loads rather than arithmetic would otherwise bound the kernel. With AVX2,
+   three heads' weighted sums over 32 columns at a time, for the 12 accumulator chains that keep its
+   FMA units busy. Every head's sum is still the same operations in the same order.)
    c counts the visible keys from the row's first visible position, so a row's arithmetic depends
    only on its own position and its sequence's keys: not on the other rows of its forward, on the
    chunk or draft tree it came in, on the batch or on the thread count. That makes a prefill chunk
    of any size, a draft tree and a one-token step give a row the same bits.
 
-   Threads: the calling thread's OpenMP team (torch's, when loaded after torch, as sgemm.c). */
+   Threads: the calling thread's OpenMP team (torch's, when loaded after torch, as matmul.c). */
 
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
-#define LSA_ISA 512
-typedef __m512 vec;
-static inline vec v_zero(void) { return _mm512_setzero_ps(); }
-static inline vec v_set(float a) { return _mm512_set1_ps(a); }
-static inline vec v_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline void v_store(float *p, vec v) { _mm512_storeu_ps(p, v); }
-static inline vec v_add(vec a, vec b) { return _mm512_add_ps(a, b); }
-static inline vec v_sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
-static inline vec v_mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-static inline vec v_max(vec a, vec b) { return _mm512_max_ps(a, b); }
-static inline vec v_fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec v_round(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-/* a * 2^n for integral n in [-127, 127] (exact) */
-static inline vec v_pow2(vec a, vec n) {
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(a, _mm512_castsi512_ps(e));
-}
-/* lanes i + i+8 (as two 256-bit halves) */
-static inline __m256 v_fold(vec v) {
-    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-#define LSA_ISA 256
-typedef struct { __m256 lo, hi; } vec;
-#define V2(expr_lo, expr_hi) do { vec r_ = {expr_lo, expr_hi}; return r_; } while (0)
-static inline vec v_zero(void) { V2(_mm256_setzero_ps(), _mm256_setzero_ps()); }
-static inline vec v_set(float a) { V2(_mm256_set1_ps(a), _mm256_set1_ps(a)); }
-static inline vec v_load(const float *p) { V2(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
-static inline void v_store(float *p, vec v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
-static inline vec v_add(vec a, vec b) { V2(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
-static inline vec v_sub(vec a, vec b) { V2(_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)); }
-static inline vec v_mul(vec a, vec b) { V2(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
-static inline vec v_max(vec a, vec b) { V2(_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)); }
-static inline vec v_fma(vec a, vec b, vec c) { V2(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)); }
-static inline vec v_round(vec a) {
-    V2(_mm256_round_ps(a.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-       _mm256_round_ps(a.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-static inline __m256 pow2_half(__m256 a, __m256 n) {
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(a, _mm256_castsi256_ps(e));
-}
-static inline vec v_pow2(vec a, vec n) { V2(pow2_half(a.lo, n.lo), pow2_half(a.hi, n.hi)); }
-static inline __m256 v_fold(vec v) { return _mm256_add_ps(v.lo, v.hi); }
-#else
-#error "lookupspec's attention kernel needs AVX-512F or AVX2 with FMA"
-#endif
+#include "simd.h"
 
-int lsa_isa(void) { return LSA_ISA; }
-
-/* The 16 lanes' sum: (i + i+8), then (i + i+4), (i + i+2), (i + i+1): the same tree in both ISAs. */
-static inline float v_hsum(vec v) {
-    __m256 a = v_fold(v);
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    b = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));
-    return _mm_cvtss_f32(b);
-}
+int attention_isa(void) { return LS_ISA; }
 
 /* The sums of KB vectors at once, out[j] = v_hsum(p[j]): the same tree of additions for every
    lane (each step adds the same pairs of lanes), so the same bits. */
-#if LSA_ISA == 512
+#if LS_ISA == 512
 #define KB 16
 static inline void hsum_block(const vec *p, float *out) {
     vec x[8], y[4], z[2];
@@ -190,15 +132,12 @@ static inline long block_end(const int *idx, long cnt, long c0, long limit, long
     return c0;
 }
 
-#if LSA_ISA == 512
+#if LS_ISA == 512
 /* Where a decode step's keys and values come from memory (a batch of sequences, each its own KV slot:
    8 one-row sequences at 800 cached positions read ~10 MB a layer, a third of such a step's bytes),
    the loops that load each key or value once for three heads compute long enough per key that the
-   hardware prefetcher no longer keeps the memory busy: on a Zen 5 EPYC, such a layer's attention
-   took 1.08-1.27x as long with scores3 as with a head-by-head loop. They prefetch the entry AHEAD
-   keys on (16: 4 KB at d = 64; 8 to 32 measured, 16 the fastest): 1.08x the head-by-head loop's
-   speed there, and real forwards of 8 sequences at 800 cached positions 1.04-1.08x as fast as
-   without it (one row each; three rows: 1.06x). No arithmetic changes. */
+   hardware prefetcher no longer keeps the memory busy. They prefetch the entry AHEAD keys on (16:
+   4 KB at d = 64; of 8 to 32 measured, 16 was the fastest). No arithmetic changes. */
 #define AHEAD 16
 static inline void fetch_entry(const float *p, long d) {
     for (long x = 0; x < d; x += 16) _mm_prefetch((const char *)(p + x), _MM_HINT_T0);
@@ -206,8 +145,8 @@ static inline void fetch_entry(const float *p, long d) {
 
 /* The scores of query heads t, t + 1, t + 2 (t = 0, 3, ...: the heads of `qr`, head dimension 64)
    over a row's visible keys [c0, c1), three heads at a time: each key is loaded once for the three
-   (an L1 load for every 3 fused multiply-adds instead of every one; on an Ice Lake Xeon under KVM
-   the cores took one 64-byte load a cycle and two FMAs), and hsum_block's tree is built as the
+   (an L1 load for every 3 fused multiply-adds instead of every one, for cores that take one
+   64-byte load per two FMAs), and hsum_block's tree is built as the
    keys come (lanes i + i+8 of two keys as soon as both are in, and so on), so the 16 keys' sums
    stay in registers. Every sum is the same operations in the same order as dot_lanes and
    hsum_block's. Returns the first head it left (g rounded down to a multiple of 3). Not inlined, as
@@ -265,7 +204,7 @@ static __attribute__((noinline)) long scores3(const job *J, const scratch *S, co
 }
 #endif
 
-#if LSA_ISA == 512
+#if LS_ISA == 512
 /* One row's three heads (weights e, e + stride, e + 2 stride; accumulators p, p + dv, p + 2 dv) over
    visible keys [c0, c1): each value loaded once for the three, every head's sum in order of c. */
 static inline void values3(const float *vb, long ve, const int *idx, long c0, long c1, const float *e,
@@ -324,14 +263,13 @@ static __attribute__((noinline)) void values6(const float *vb, long ve, long n0,
 static void values_row(const job *J, const scratch *S, const float *vb, const int *idx, long c0, long c1,
                        long r, long g, long stride, long dv, long x, long w, long t0) {
     long t = t0;
-#if LSA_ISA == 512
+#if LS_ISA == 512
     for (; w == 4 && t + 3 <= g; t += 3) /* three query heads at a time */
         values3(vb + x, J->v_entry, idx, c0, c1, S->sc + (r * g + t) * stride, stride,
                 S->acc + (r * g + t) * dv + x, dv);
 #else
     /* three query heads at a time over 32 columns, then the next 32: 12 accumulator chains,
-       which AVX2 machines need to keep both FMA units busy (8 chains ran at about half
-       their rate on a Zen 3), each value vector loaded once for the three heads (held in a
+       which AVX2 machines need to keep both FMA units busy (8 chains leave them half idle), each value vector loaded once for the three heads (held in a
        register: memory operands would load it three times) */
     for (const long ve = J->v_entry; w == 4 && t + 3 <= g; t += 3) {
         const float *e0 = S->sc + (r * g + t) * stride, *e1 = e0 + stride, *e2 = e1 + stride;
@@ -425,7 +363,7 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
             long c0 = cur[r], c1 = block_end(idx, cnt[r], c0, e0 + EB, first[r]);
             const float *qr = J->q + (P[1] + i0 + r) * J->q_row + kh * g * J->q_head;
             long t = 0;
-#if LSA_ISA == 512
+#if LS_ISA == 512
             if (d == 64) t = scores3(J, S, qr, idx, c0, c1, r * g, g, stride, kb);
 #endif
             for (; t < g; t++) {
@@ -496,7 +434,7 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
             for (long r = 0; r < nr; r++) {
                 const int *idx = S->idx + r * cap;
                 long c0 = cur[r], c1 = block_end(idx, cnt[r], c0, e0 + EB, first[r]);
-#if LSA_ISA == 512
+#if LS_ISA == 512
                 if (w == 4 && g >= 3 && r + 1 < nr && first[r] >= 0 && first[r + 1] >= 0) {
                     /* two rows whose visible entries are consecutive (a prompt chunk's): the entries
                        both see in this block run for the two rows' three heads at once */
@@ -544,7 +482,7 @@ static void unit(const job *J, const scratch *S, long view, long i0, long nr, lo
    dimension contiguous). q: row r, head h at q + r * q_row + h * q_head, d contiguous floats.
    d and dv are multiples of 16. softcap > 0 caps the scaled scores at +-softcap (cap * tanh(score /
    cap), before the softmax); 0 leaves them. Rows outside every view are not written. */
-void lsa_attend(const float *q, long q_row, long q_head, const float *k, long k_slot, long k_head,
+void attention_ragged(const float *q, long q_row, long q_head, const float *k, long k_slot, long k_head,
                 long k_entry, const float *v, long v_slot, long v_head, long v_entry, long heads,
                 long kv_heads, long d, long dv, const long *plan, long nviews, const unsigned char *masks,
                 float scale, float softcap, float *out, int nthreads) {

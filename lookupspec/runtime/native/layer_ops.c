@@ -1,7 +1,7 @@
 /* The lean forward's element-wise steps around attention, as transformers computes them in float32,
-   in one call each instead of a dozen torch ops (lean.py; lean_native.py loads this).
+   in one call each instead of a dozen torch ops (lean.py; layer_ops.py loads this).
 
-   lsl_rope_store: the rotary embedding of a forward's query and key heads, with the rows' keys
+   layer_rope_store: the rotary embedding of a forward's query and key heads, with the rows' keys
    and values written into their slots of the KV pool:
      out[i] = x[i] * cos[i] + r[i] * sin[i],   r = (-x[d/2 ..], x[.. d/2])   (rotate_half)
    every product and the sum rounded on their own, as torch's three ops do (this file is built with
@@ -9,12 +9,12 @@
    copied as they are. Queries go to q_out [rows][heads][d]; keys and values of rows < real to the
    pool at (slot[r], entry[r]).
 
-   lsl_add_rms: the residual sum and the next RMSNorm in one pass, the mean of squares summed in
+   layer_add_rms: the residual sum and the next RMSNorm in one pass, the mean of squares summed in
    the order of torch's reduction (its cascade of vector accumulators, for the vector width torch's
-   kernels use here: lean_native.py finds it by comparing with torch at load, and keeps torch's
+   kernels use here: layer_ops.py finds it by comparing with torch at load, and keeps torch's
    mean where neither width gives its bits).
 
-   lsl_rms_scale: RMSNorm after its mean of squares (which stays torch's, its summation order is
+   layer_rms_scale: RMSNorm after its mean of squares (which stays torch's, its summation order is
    torch's):  out[r][i] = w[i] * (x[r][i] * (1 / sqrt(var[r] + eps))), each operation rounded as
    torch's rsqrt, mul and mul round it.
 
@@ -43,7 +43,7 @@ static inline void rope_row(const float *x, const float *c, const float *s, floa
 /* qkv: row r, head j (queries 0..heads-1, keys heads..heads+kv_heads-1, values after) at
    qkv + r * qkv_row + j * qkv_head, d contiguous floats (values: dv). cos/sin: row r at
    + r * cs_row. keys/values: the layer's pool tensors (strides in floats, d / dv contiguous). */
-void lsl_rope_store(const float *qkv, long qkv_row, long qkv_head, long rows, long heads, long kv_heads,
+void layer_rope_store(const float *qkv, long qkv_row, long qkv_head, long rows, long heads, long kv_heads,
                     long d, long dv, const float *cos, const float *sin, long cs_row, float *q_out,
                     float *keys, long k_slot, long k_head, long k_entry, float *values, long v_slot,
                     long v_head, long v_entry, const long *slot, const long *entry, long real,
@@ -144,7 +144,7 @@ static float sum_squares(const float *x, long n, int w) {
    out[r] = w * (h[r] * (1 / sqrt(sum(h[r]^2) / dim + eps))), the sum as sum_squares with `lanes`-wide
    vectors: torch's h + y, h.pow(2).mean(-1), + eps, rsqrt, * and * in one pass. h, y and out are
    [rows][dim], contiguous. */
-void lsl_add_rms(float *h, const float *y, const float *w, float eps, float *out, long rows, long dim,
+void layer_add_rms(float *h, const float *y, const float *w, float eps, float *out, long rows, long dim,
                  int lanes, int nthreads) {
     if (nthreads < 1 || rows < PARALLEL_ROWS) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -157,7 +157,7 @@ void lsl_add_rms(float *h, const float *y, const float *w, float eps, float *out
 }
 
 /* x: row r at x + r * x_row (dim contiguous floats); var: one float per row; out [rows][dim]. */
-void lsl_rms_scale(const float *x, long x_row, const float *var, const float *w, float eps, float *out,
+void layer_rms_scale(const float *x, long x_row, const float *var, const float *w, float eps, float *out,
                    long rows, long dim, int nthreads) {
     if (nthreads < 1 || rows < PARALLEL_ROWS) nthreads = 1;
 #pragma omp parallel for num_threads(nthreads) schedule(static)

@@ -1,10 +1,10 @@
-"""Native float32 attention for ragged batches on x86 CPUs, built from ``attend.c`` on first use.
+"""Native float32 attention for ragged batches on x86 CPUs, built from ``attention.c`` on first use.
 
-:func:`~lookupspec.runtime.attention.attend` ran ``scaled_dot_product_attention`` once per sequence
-and layer: 240 calls for an 8-sequence step of SmolLM2-135M, each with its own dispatch, slicing
-and output copy, so attention cost grew with the batch far faster than its arithmetic. ``attend.c``
-takes one layer's whole batch in one call (decode rows, draft trees and prompt chunks, each view
-over its own slot of the pool and with its own mask) and splits the work over torch's OpenMP
+``scaled_dot_product_attention`` runs once per sequence and layer (240 calls for an 8-sequence step
+of SmolLM2-135M), each with its own dispatch, slicing and output copy, so attention cost would grow
+with the batch far faster than its arithmetic. ``attention.c`` takes one layer's whole batch in one
+call (decode rows, draft trees and prompt chunks, each view over its own slot of the pool and with
+its own mask) and splits the work over torch's OpenMP
 threads.
 
 Each row's arithmetic is fixed by its own position: the dot products, the softmax and the weighted
@@ -30,23 +30,23 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .native_build import LazyLibrary
+from .loader import LazyLibrary
 
 if TYPE_CHECKING:
-    from .ragged import RaggedBatch
+    from ..ragged import RaggedBatch
 
 __all__ = ["NativePlan", "applies", "attend_native", "kernel", "kernel_error"]
 
-_SOURCE = Path(__file__).with_name("attend.c")
-_PLAN = 7  # per view: slot, r0, r1, lo, hi, kind, mask offset (attend.c's PLAN)
+_SOURCE = Path(__file__).with_name("attention.c")
+_PLAN = 7  # per view: slot, r0, r1, lo, hi, kind, mask offset (attention.c's PLAN)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_long
-    lib.lsa_attend.argtypes = [p, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, i64, i64, i64, p, i64, p,
-                               ctypes.c_float, ctypes.c_float, p, ctypes.c_int]
-    lib.lsa_attend.restype = None
-    lib.lsa_isa.restype = ctypes.c_int
+    lib.attention_ragged.argtypes = [p, i64, i64, p, i64, i64, i64, p, i64, i64, i64, i64, i64, i64, i64,
+                                     p, i64, p, ctypes.c_float, ctypes.c_float, p, ctypes.c_int]
+    lib.attention_ragged.restype = None
+    lib.attention_isa.restype = ctypes.c_int
 
 
 _LIBRARY = LazyLibrary(_SOURCE, _declare, "LOOKUPSPEC_CPU_ATTENTION", on="native", off="sdpa",
@@ -66,7 +66,7 @@ def kernel_error() -> str | None:
 
 
 def applies(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> bool:
-    """Whether ``attend.c`` covers a layer: float32 on the CPU, head sizes multiples of 16, query
+    """Whether ``attention.c`` covers a layer: float32 on the CPU, head sizes multiples of 16, query
     heads a multiple of key/value heads, each head's floats contiguous."""
     return (query.device.type == "cpu" and keys.device.type == "cpu"
             and query.dtype == keys.dtype == values.dtype == torch.float32
@@ -85,7 +85,7 @@ class NativePlan:
 
     @classmethod
     def of(cls, batch: RaggedBatch, group: int) -> NativePlan:
-        from .ragged import CAUSAL
+        from ..ragged import CAUSAL
 
         rows, parts, offset = [], [], 0
         for view in batch.views:
@@ -113,7 +113,7 @@ class NativePlan:
 
 def attend_native(lib: ctypes.CDLL, batch: RaggedBatch, group: int, query: torch.Tensor, keys: torch.Tensor,
                   values: torch.Tensor, scaling: float | None, softcap: float | None = None) -> torch.Tensor:
-    """One layer's attention for ``batch`` through ``attend.c``. query ``[1, heads, rows, d]`` (the
+    """One layer's attention for ``batch`` through ``attention.c``. query ``[1, heads, rows, d]`` (the
     rows' keys and values already in the pool); keys/values: the layer's pool tensors ``[slots,
     kv_heads, entries, d | dv]``; ``softcap``: soft-capped scores (Gemma 2), None for none. Returns
     ``[1, rows, heads, dv]`` (pad rows zero)."""
@@ -128,7 +128,7 @@ def attend_native(lib: ctypes.CDLL, batch: RaggedBatch, group: int, query: torch
     if batch.pad:
         out[batch.real_rows:] = 0
     scale = float(scaling) if scaling is not None else d ** -0.5
-    lib.lsa_attend(q.data_ptr(), q.stride(1), q.stride(0),
+    lib.attention_ragged(q.data_ptr(), q.stride(1), q.stride(0),
                    keys.data_ptr(), keys.stride(0), keys.stride(1), keys.stride(2),
                    values.data_ptr(), values.stride(0), values.stride(1), values.stride(2),
                    heads, keys.shape[1], d, dv, plan.plan.ctypes.data, plan.plan.shape[0],

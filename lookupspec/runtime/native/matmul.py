@@ -1,27 +1,22 @@
-"""A streaming float32 matmul for decoding on x86 CPUs, built from ``sgemm.c`` on first use.
+"""A streaming float32 matmul for decoding on x86 CPUs, built from ``matmul.c`` on first use.
 
 A decode step multiplies a few rows (one per sequence, plus draft rows) by every weight of the
 model. oneDNN's packed products read each weight once, but for 2-32 rows they run well below both
-the memory's and the FMA units' speed (SmolLM2-135M's 121 products per step, 2-core Xeon with
-AVX-512: 39 ms at 8 rows, 48 ms at 16, against 35 ms at one). ``sgemm.c`` keeps a tile of rows x
-48-64 columns in registers while the weights stream past, so rows are nearly free until the FMA
-units are busy (the same products, interleaved with oneDNN's by ``lookupspec bench-linear``: 25 ms
-at one row, 28 ms at 8, 37 ms at 16, and on par at prompt-chunk sizes: 166 against 157 ms at 128).
-Past a few rows, the tiles of each panel of columns also prefetch the next panel, so the memory
-keeps streaming while the panel's later row tiles compute from cache (a 2-core Zen 5: 32 rows 26.6
--> 20.1 ms, 24 rows 22.2 -> 16.2). 9-12 rows (a batch of 8 with a few draft nodes, one sequence's
-tree) take one tile of 32 columns for all the rows, so each weight is still read once (a 2-core
-Zen 4: 9 rows 25.4 -> 22.3 ms, 12 rows 27.5 -> 23.7).
+the memory's and the FMA units' speed. ``matmul.c`` keeps a tile of rows x 48-64 columns in
+registers while the weights stream past, so rows are nearly free until the FMA units are busy, and
+it is on par with oneDNN at prompt-chunk sizes (``python -m tools bench-linear`` measures both). Past a
+few rows, the tiles of each panel of columns also prefetch the next panel, so the memory keeps
+streaming while the panel's later row tiles compute from cache; 9-12 rows (a batch of 8 with a few
+draft nodes, one sequence's tree) take one tile for all the rows, so each weight is still read once.
 
 Every output is one fused multiply-add chain over k in order, so a row's bits do not depend on the
 other rows, the tiling or the thread count: batch-invariant by construction, and fused projections
 equal their parts. The arithmetic is float32 in another summation order than oneDNN's or MKL's, so
 logits differ from theirs in the last bits, as they differ from each other.
 
-Built with the system C compiler (``$CC``, else ``cc``/``gcc``) and ``-march=native -fopenmp`` into
-``$LOOKUPSPEC_HOME/kernels`` (about a second, once per source and CPU). It links libgomp by soname,
-so loaded after torch it runs on torch's own OpenMP threads. :func:`kernel` returns ``None`` (and
-the packed layers keep oneDNN) where it cannot be built: no compiler, no AVX2+FMA, not Linux x86.
+Built by :mod:`.loader` (``$CC``, else ``cc``/``gcc``, ``-march=native -fopenmp``, into
+``$LOOKUPSPEC_HOME/kernels``, once per source and CPU). :func:`kernel` returns ``None`` (and the
+packed layers keep oneDNN) where it cannot be built: no compiler, no AVX2+FMA, not Linux x86.
 ``LOOKUPSPEC_CPU_LINEAR=onednn`` turns it off; ``=stream`` makes a failed build an error.
 """
 
@@ -32,22 +27,27 @@ from pathlib import Path
 
 import torch
 
-from .native_build import LazyLibrary
+from .loader import LazyLibrary
 
 __all__ = ["StreamWeights", "backend_choice", "kernel", "kernel_error"]
 
-_SOURCE = Path(__file__).with_name("sgemm.c")
+_SOURCE = Path(__file__).with_name("matmul.c")
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_long
-    lib.lsg_linear.argtypes = [p, i64, i64, p, i64, p, p, ctypes.c_int]
-    lib.lsg_linear.restype = None
-    lib.lsg_pack.argtypes = [p, p, i64, i64]
-    lib.lsg_pack.restype = None
-    lib.lsg_unpack.argtypes = [p, p, i64, i64]
-    lib.lsg_unpack.restype = None
-    lib.lsg_isa.restype = ctypes.c_int
+    lib.matmul_f32.argtypes = [p, i64, i64, p, i64, p, p, ctypes.c_int]
+    lib.matmul_f32.restype = None
+    lib.matmul_pack.argtypes = [p, p, i64, i64]
+    lib.matmul_pack.restype = None
+    lib.matmul_unpack.argtypes = [p, p, i64, i64]
+    lib.matmul_unpack.restype = None
+    lib.matmul_isa.restype = ctypes.c_int
+    # x, M, K, planes q, hb, d, dm, sc, mn, type, N, bias, y, threads (see quantized.py)
+    lib.matmul_quant.argtypes = [p, i64, i64, p, p, p, p, p, p, ctypes.c_int, i64, p, p, ctypes.c_int]
+    lib.matmul_quant.restype = None
+    lib.matmul_quant_dequant.argtypes = [p, p, p, p, p, p, ctypes.c_int, i64, i64, p]
+    lib.matmul_quant_dequant.restype = None
 
 
 _LIBRARY = LazyLibrary(_SOURCE, _declare, "LOOKUPSPEC_CPU_LINEAR", on="stream", off="onednn",
@@ -72,7 +72,7 @@ def kernel_error() -> str | None:
 
 
 class StreamWeights:
-    """A float32 weight ``[out_features, in_features]`` (and bias) packed for ``sgemm.c``:
+    """A float32 weight ``[out_features, in_features]`` (and bias) packed for ``matmul.c``:
     ``self(x)`` is ``x @ W.T + b`` over the last dimension of ``x``."""
 
     def __init__(self, lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -81,7 +81,7 @@ class StreamWeights:
         self.out_features, self.in_features = weight.shape
         blocks = (self.out_features + 15) // 16
         self.packed = torch.empty(blocks, self.in_features, 16)
-        lib.lsg_pack(weight.data_ptr(), self.packed.data_ptr(), self.out_features, self.in_features)
+        lib.matmul_pack(weight.data_ptr(), self.packed.data_ptr(), self.out_features, self.in_features)
         self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous().clone()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -93,7 +93,7 @@ class StreamWeights:
         x2 = x.reshape(-1, self.in_features).contiguous()
         y = torch.empty(x2.shape[0], self.out_features)
         if x2.shape[0]:
-            self.lib.lsg_linear(x2.data_ptr(), x2.shape[0], self.in_features, self.packed.data_ptr(),
+            self.lib.matmul_f32(x2.data_ptr(), x2.shape[0], self.in_features, self.packed.data_ptr(),
                                 self.out_features, None if self.bias is None else self.bias.data_ptr(),
                                 y.data_ptr(), torch.get_num_threads())
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -101,5 +101,5 @@ class StreamWeights:
     def dense(self) -> torch.Tensor:
         """The weight in its ``[out_features, in_features]`` layout (a new tensor)."""
         out = torch.empty(self.out_features, self.in_features)
-        self.lib.lsg_unpack(self.packed.data_ptr(), out.data_ptr(), self.out_features, self.in_features)
+        self.lib.matmul_unpack(self.packed.data_ptr(), out.data_ptr(), self.out_features, self.in_features)
         return out

@@ -25,7 +25,7 @@ with a chunk of ~100 prompt tokens is compute-bound, and there a draft row costs
 costs. The model keeps that price apart (:meth:`StepCostModel.observe_chunk`: what forwards with a
 chunk cost beyond their step's estimate, per chunk token, exponentially averaged), and
 ``node_cost(ctx, shared=True)`` is the larger of the two, so a node in such a forward must pay for
-its real time. The scheduler's chunk budget (:mod:`lookupspec.chunk_budget`) sizes prompt chunks
+its real time. The scheduler's chunk budget (:mod:`lookupspec.cost.chunk`) sizes prompt chunks
 from the same price.
 """
 

@@ -1,5 +1,5 @@
-"""The native attention kernel (``attend.c``): exact attention within float32 noise, and a row's bits
-fixed by its own position: the same in any batch, thread count, prompt chunking or draft tree."""
+"""The native attention kernel (``native/attention.c``): exact attention within float32 noise, and a
+row's bits fixed by its own position: the same in any batch, thread count, prompt chunking or draft tree."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import itertools
 import pytest
 import torch
 
-from lookupspec.runtime import cpu_attention
-from lookupspec.runtime.native_build import LazyLibrary
+from lookupspec.runtime.native import attention as native_attention
+from lookupspec.runtime.native.loader import LazyLibrary
 
 needs_kernel = pytest.mark.skipif(
-    cpu_attention.kernel() is None,
-    reason=f"the attention kernel does not build here: {cpu_attention.kernel_error()}")
+    native_attention.kernel() is None,
+    reason=f"the attention kernel does not build here: {native_attention.kernel_error()}")
 
 
 class Pool:
@@ -32,7 +32,7 @@ class Pool:
     def run(self, q: torch.Tensor, views: list[tuple], lib=None, threads: int | None = None,
             softcap: float = 0.0) -> torch.Tensor:
         """views: (slot, r0, r1, lo, hi, mask) with mask None (all keys), "causal" or bool [n, hi - lo]."""
-        lib = lib or cpu_attention.kernel()
+        lib = lib or native_attention.kernel()
         plan, parts, offset = [], [], 0
         for slot, r0, r1, lo, hi, mask in views:
             if mask is None:
@@ -46,7 +46,7 @@ class Pool:
         plan_t = torch.tensor(plan, dtype=torch.int64)
         masks = torch.cat(parts) if parts else torch.zeros(1, dtype=torch.uint8)
         out = torch.full((q.shape[0], self.heads, self.dv), float("nan"))
-        lib.lsa_attend(q.data_ptr(), q.stride(0), q.stride(1),
+        lib.attention_ragged(q.data_ptr(), q.stride(0), q.stride(1),
                        self.k.data_ptr(), self.k.stride(0), self.k.stride(1), self.k.stride(2),
                        self.v.data_ptr(), self.v.stride(0), self.v.stride(1), self.v.stride(2),
                        self.heads, self.kv_heads, self.d, self.dv, plan_t.data_ptr(), len(plan),
@@ -144,7 +144,7 @@ def test_a_row_does_not_depend_on_its_batch_or_the_thread_count() -> None:
 @needs_kernel
 @pytest.mark.parametrize("shape", [(9, 3, 64, 64), (8, 2, 64, 64), (12, 2, 64, 128), (4, 4, 32, 32)])
 def test_a_prompt_gets_the_same_bits_in_any_chunking(shape) -> None:
-    """Chunks pair their rows and group query heads by three where they can (attend.c's AVX-512 scores
+    """Chunks pair their rows and group query heads by three where they can (attention.c's AVX-512 scores
     and weighted values); a head left over (four per key), a 128-wide value and one query head per
     key take other paths: a row gets the same bits whichever."""
     pool = Pool(*shape)
@@ -190,9 +190,9 @@ def test_a_draft_tree_row_equals_the_same_token_decoded_after_its_ancestors() ->
 @needs_kernel
 def test_the_avx2_build_gives_the_same_bits(tmp_path) -> None:
     """Dot products, softmax and sums follow one tree of lanes in both instruction sets."""
-    native = cpu_attention.kernel()
-    avx2 = cpu_attention._LIBRARY.build("haswell", tmp_path)
-    assert avx2.lsa_isa() == 256
+    native = native_attention.kernel()
+    avx2 = native_attention._LIBRARY.build("haswell", tmp_path)
+    assert avx2.attention_isa() == 256
     pool = Pool()
     q = pool.queries(50)
     views = [(0, 0, 1, 0, 211, None), (1, 1, 33, 0, 90, _tril(32, 90)), (2, 33, 50, 0, 17, "causal")]
@@ -200,20 +200,20 @@ def test_the_avx2_build_gives_the_same_bits(tmp_path) -> None:
 
 
 def test_a_failed_build_falls_back_to_sdpa_or_fails_when_asked_for(monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(cpu_attention, "_LIBRARY", LazyLibrary(
-        cpu_attention._SOURCE, cpu_attention._declare, "LOOKUPSPEC_CPU_ATTENTION", on="native", off="sdpa",
-        fallback="SDPA"))
+    monkeypatch.setattr(native_attention, "_LIBRARY", LazyLibrary(
+        native_attention._SOURCE, native_attention._declare, "LOOKUPSPEC_CPU_ATTENTION", on="native",
+        off="sdpa", fallback="SDPA"))
     monkeypatch.setenv("LOOKUPSPEC_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("LOOKUPSPEC_CPU_ATTENTION", "auto")
-    assert cpu_attention.kernel() is None
-    assert "false failed" in (cpu_attention.kernel_error() or "")
+    assert native_attention.kernel() is None
+    assert "false failed" in (native_attention.kernel_error() or "")
     monkeypatch.setenv("LOOKUPSPEC_CPU_ATTENTION", "native")
     with pytest.raises(RuntimeError, match="could not be built"):
-        cpu_attention.kernel()
+        native_attention.kernel()
     monkeypatch.setenv("LOOKUPSPEC_CPU_ATTENTION", "flash")
     with pytest.raises(ValueError, match="LOOKUPSPEC_CPU_ATTENTION"):
-        cpu_attention.kernel()
+        native_attention.kernel()
 
 
 @needs_kernel
@@ -248,10 +248,11 @@ def test_with_both_kernels_the_forward_does_not_depend_on_the_prompt_chunking(ti
     chunk: a prompt prefilled in any chunks leaves the same KV entries and the same last logits.
     (With SDPA they differ in the last bits: its blocking follows the key count.)"""
     from lookupspec.models import load_model
-    from lookupspec.runtime import ModelRunner, cpu_gemm, pack_linears
+    from lookupspec.runtime import ModelRunner, pack_linears
+    from lookupspec.runtime.native import matmul
 
-    if cpu_gemm.kernel() is None:
-        pytest.skip(f"the streaming kernel does not build here: {cpu_gemm.kernel_error()}")
+    if matmul.kernel() is None:
+        pytest.skip(f"the streaming kernel does not build here: {matmul.kernel_error()}")
     model = load_model(str(tiny_models[name])).model
     pack_linears(model)
     runner = ModelRunner(model, context_window=2048)

@@ -1,9 +1,11 @@
-"""Building the runtime's C kernels (``sgemm.c``, ``attend.c``, ``lean.c``) with the system compiler,
-on first use.
+"""Building and loading the runtime's C kernels (``matmul.c``, ``attention.c``, ``layer_ops.c``, and
+their shared ``simd.h``) with the system compiler, on first use, and the setting that turns each on
+or off.
 
 Each source is compiled with ``-O3 -march=<arch> -fopenmp -ffp-contract=off`` into
-``$LOOKUPSPEC_HOME/kernels/<stem>-<digest>.so``; the digest covers the source, the compiler and flags
-and the CPU's model and flags, so a build is reused until one of them changes. Concurrent processes
+``$LOOKUPSPEC_HOME/kernels/<stem>-<digest>.so``; the digest covers the source and the headers beside
+it, the compiler and flags and the CPU's model and flags, so a build is reused until one of them
+changes. Concurrent processes
 (test workers, replicas) may build at once: each compiles beside the target and renames it into
 place. The library links libgomp by soname, so loaded after torch it runs on torch's OpenMP threads.
 """
@@ -56,7 +58,7 @@ def build(source: Path, arch: str = "native", directory: Path | None = None) -> 
     cc = _compiler()
     if cc is None:
         raise OSError("no C compiler (set CC, or install gcc)")
-    text = source.read_bytes()
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
     flags = (*_FLAGS, f"-march={arch}")
     digest = hashlib.sha256(text + " ".join((cc, *flags)).encode() + _cpu_key().encode()).hexdigest()[:20]
     if directory is None:

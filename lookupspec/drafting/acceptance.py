@@ -1,104 +1,19 @@
-"""Adaptivity: choose each step's draft budget by expected tokens per second.
+"""Acceptance learning: how the drafting policy's scores and gates follow observed acceptance.
 
-The engine measures, online, what a target forward over ``n`` input tokens costs (the root plus
-``n - 1`` draft nodes; it grows with ``n``, and faster on a busy machine than an idle one) and what a
-draft-model token costs. The composer supplies the draft nodes ordered by score, where a node's score
-estimates the probability that the whole path to it is accepted (calibrated by each source's observed
-acceptance per match length). The expected tokens a step emits with the first ``k`` nodes is
-``1 + sum(score[:k])`` (one recovered or bonus token always comes out). The policy picks
-
-    k* = argmax_k  (1 + sum(score[:k])) / (target_cost(k + 1) + draft_cost(k))
-
-down to ``k = 0``, plain decoding. Worked example: scores [0.9, 0.8, 0.1], target costs 40, 44, 46,
-60 ms for 1..4 tokens: k=0 -> 1/40 = .025, k=1 -> 1.9/44 = .043, k=2 -> 2.7/46 = .059, k=3 ->
-2.8/60 = .047: two nodes are drafted.
-
-Because the cost table is measured rather than assumed, the same rule switches speculation off where
-it does not pay: low-acceptance (creative) text, long contexts where a wide forward costs more, a busy
-machine, or a draft model too slow for its acceptance rate.
+:class:`ScoreCalibration` maps a draft node's path score to the observed chance that it is accepted;
+:class:`Exploration` verifies refused lookup trees now and then so their sources can recover;
+:class:`DraftModelGate` keeps the draft model's acceptance per chain position and probes it when
+closed. The costs these are weighed against live in :mod:`lookupspec.cost`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BudgetPolicy", "CostModel", "DraftModelGate", "Exploration", "ScoreCalibration"]
-
-
-class CostModel:
-    """Exponential moving averages of a forward's seconds per input size, interpolated between
-    measured sizes. Thread-safe (one instance per engine, shared by its requests)."""
-
-    def __init__(self, max_tokens: int = 256, alpha: float = 0.15) -> None:
-        self.max_tokens = max_tokens
-        self.alpha = alpha
-        self._sum = np.zeros(max_tokens + 1)
-        self._seen = np.zeros(max_tokens + 1, dtype=bool)
-        self._count = np.zeros(max_tokens + 1)
-        self._lock = threading.Lock()
-
-    def observe(self, n: int, seconds: float) -> None:
-        if not 1 <= n <= self.max_tokens or seconds <= 0:
-            return
-        with self._lock:
-            if self._seen[n]:
-                # a forward slowed down by another process (seen as 10-50x on a shared 2-core box)
-                # says nothing about the cost of n tokens: cap how far one sample can pull the mean
-                seconds = min(seconds, 2.0 * self._sum[n])
-                self._sum[n] += self.alpha * (seconds - self._sum[n])
-            else:
-                self._sum[n] = seconds
-                self._seen[n] = True
-            self._count[n] += 1
-
-    def known(self) -> bool:
-        return bool(self._seen[1])
-
-    def table(self, upto: int) -> np.ndarray:
-        """Estimated seconds for sizes 0..upto (index 0 unused).
-
-        Linear interpolation between measured sizes, flat below the first and proportional growth past
-        the last. Once three or more sizes >= 2 are known, a straight line ``a + b * n`` is fitted to
-        them (weighted by how often each was measured, capped; sizes over 1.3x the line are refitted
-        without and replaced by the line), and no size is estimated above 1.1x the line: a forward's
-        cost is close to linear in its width, and this keeps one slow sample at a rarely chosen size
-        (which, thought expensive, would never be measured again) from making every larger size look
-        expensive for good."""
-        upto = min(upto, self.max_tokens)
-        with self._lock:
-            xs = np.flatnonzero(self._seen)
-            ys = self._sum[xs].copy()
-            ws = np.minimum(self._count[xs], 50.0)
-        out = np.zeros(upto + 1)
-        if xs.size == 0:
-            return out
-        sizes = np.arange(1, upto + 1)
-        line = None
-        wide = xs >= 2
-        if wide.sum() >= 3:
-            x, y, w = xs[wide], ys[wide], np.sqrt(ws[wide])
-            b, a = np.polyfit(x, y, 1, w=w)
-            slow = y > 1.3 * (a + b * x)  # slow outliers: refit without them, then replace them
-            if (~slow).sum() >= 3 and slow.any():
-                b, a = np.polyfit(x[~slow], y[~slow], 1, w=w[~slow])
-            b = max(b, 0.0)
-            ys[np.flatnonzero(wide)[slow]] = a + b * x[slow]
-            line = a + b * sizes[1:]
-        out[1:] = np.interp(sizes, xs, ys)
-        last = xs[-1]
-        if last < upto:
-            # past the largest measured size assume cost grows in proportion to the size: pessimistic,
-            # so the policy only widens drafts into sizes it has evidence for or that clearly pay
-            out[last + 1 :] = ys[-1] * sizes[last:] / last
-        if line is not None:
-            out[2:] = np.minimum(out[2:], 1.1 * line)
-        # a wider forward never costs less than a narrower one
-        out[1:] = np.maximum.accumulate(out[1:])
-        return out
+__all__ = ["DraftModelGate", "Exploration", "ScoreCalibration"]
 
 
 class ScoreCalibration:
@@ -200,32 +115,6 @@ class Exploration:
         """The node count to verify for a step of one sequence, given the policy's choice ``k`` out of
         ``available`` nodes."""
         return self.adjust_batch([k], [available])[0]
-
-
-@dataclass(frozen=True)
-class BudgetPolicy:
-    """Picks how many of the (score-ordered) draft nodes to verify."""
-
-    min_score: float = 0.0  # nodes scoring below this are never worth a slot
-    adaptive: bool = True  # False: verify every proposed node (a fixed budget, as HF's peers do)
-
-    def choose(self, scores: np.ndarray, target_cost: np.ndarray, draft_cost: float = 0.0) -> int:
-        """scores: [m] float, descending path probabilities; target_cost: [>= m + 2] seconds per input
-        size (index = tokens in the forward); draft_cost: seconds per drafted node (draft model)."""
-        m = int(scores.shape[0])
-        if not self.adaptive:
-            return m
-        if m == 0 or target_cost.shape[0] < 2 or target_cost[1] <= 0:
-            return 0
-        m = min(m, target_cost.shape[0] - 2)
-        s = np.clip(scores[:m], 0.0, 1.0)
-        gain = 1.0 + np.concatenate(([0.0], np.cumsum(s)))  # [m + 1]: k = 0..m
-        cost = target_cost[1 : m + 2] + draft_cost * np.arange(m + 1)
-        rate = gain / cost
-        k = int(np.argmax(rate))
-        while k > 0 and s[k - 1] < self.min_score:
-            k -= 1
-        return k
 
 
 class DraftModelGate:

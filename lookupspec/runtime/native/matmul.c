@@ -1,0 +1,458 @@
+/* Float32 linear layers for decoding on x86 CPUs: y = x @ W.T + b for a few to a few hundred rows.
+
+   W is packed once as [ceil(N/16)][K][16]: each block of 16 output columns is one contiguous
+   stream. A tile of R rows x C blocks keeps R*C 16-lane accumulators in registers and walks k from
+   0 to K-1, one fused multiply-add per accumulator and k: the weights stream from memory once per
+   tile while every row of the tile uses them, so a handful of rows cost little more than one.
+
+   Every output element is the same chain, acc = fma(x[m][k], W[n][k], acc) for k = 0..K-1 from
+   acc = 0, then + b[n]: its bits do not depend on M, on the row's place, on the tiling, on the
+   thread count or on which columns are computed with it (so fused projections equal their parts).
+   That is what makes a batched forward give each sequence its batch-of-one bits.
+
+   Past a few rows, a tile computes longer than its weights take to arrive, and the rows' later tiles
+   read the panel from cache: without help the memory would idle while they compute, and a step would
+   cost the stream's time plus most of the arithmetic's. So the tiles of a panel prefetch the next
+   panel, a share each, and the two overlap. Up to 6 rows (AVX-512) the stream is the whole cost and
+   the hardware prefetcher keeps up: there the extra requests only cost, so they are not made.
+
+   Threads: the calling thread's OpenMP team. Loaded after torch, this library shares torch's
+   libgomp (same soname), so its parallel regions run on torch's own worker threads. */
+
+#include <omp.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "simd.h"
+
+#if LS_ISA == 512
+#define RMAX4 6
+#define RMAX3 8
+#define RMAX2 12
+#else
+#define RMAX4 1
+#define RMAX3 1
+#define RMAX2 3
+#endif
+
+int matmul_isa(void) { return LS_ISA; }
+
+/* W [N][K] row-major -> out [ceil(N/16)][K][16], zero past column N. */
+void matmul_pack(const float *w, float *out, long N, long K) {
+    long nb = (N + 15) / 16;
+    for (long b = 0; b < nb; b++)
+        for (long k = 0; k < K; k++)
+            for (long j = 0; j < 16; j++) {
+                long n = b * 16 + j;
+                out[(b * K + k) * 16 + j] = n < N ? w[n * K + k] : 0.0f;
+            }
+}
+
+/* The inverse of matmul_pack. */
+void matmul_unpack(const float *packed, float *w, long N, long K) {
+    for (long n = 0; n < N; n++)
+        for (long k = 0; k < K; k++)
+            w[n * K + k] = packed[((n / 16) * K + k) * 16 + n % 16];
+}
+
+/* Stores one 16-column accumulator (+ bias) into the first `cols` columns of y. */
+static inline void put(float *y, vec acc, const float *bias, long cols) {
+    float tmp[16];
+    if (bias) {
+        if (cols >= 16) {
+            acc = v_add(acc, v_load(bias));
+        } else {
+            float b[16] = {0};
+            memcpy(b, bias, (size_t)cols * sizeof(float));
+            acc = v_add(acc, v_load(b));
+        }
+    }
+    if (cols >= 16) {
+        v_store(y, acc);
+    } else {
+        v_store(tmp, acc);
+        memcpy(y, tmp, (size_t)cols * sizeof(float));
+    }
+}
+
+/* One tile: R rows x C blocks. It also prefetches the cache lines [pf, pf_end), pf_n at each k. */
+#define TILE(R, C)                                                                                  \
+    static void tile_##R##_##C(const float *x, long ldx, const float *wp, long K, float *y, long ldy,  \
+                               const float *bias, long cols, const char *pf, const char *pf_end,    \
+                               int pf_n) {                                                           \
+        vec acc[R][C];                                                                               \
+        for (int r = 0; r < R; r++)                                                                  \
+            for (int c = 0; c < C; c++) acc[r][c] = v_zero();                                        \
+        for (long k = 0; k < K; k++) {                                                               \
+            for (int p = 0; p < pf_n && pf < pf_end; p++, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);    \
+            vec w[C];                                                                                \
+            for (int c = 0; c < C; c++) w[c] = v_load(wp + ((long)c * K + k) * 16);                  \
+            for (int r = 0; r < R; r++) {                                                            \
+                float a = x[r * ldx + k];                                                            \
+                for (int c = 0; c < C; c++) acc[r][c] = v_fma(v_set(a), w[c], acc[r][c]);                   \
+            }                                                                                        \
+        }                                                                                            \
+        for (int c = 0; c < C && c * 16 < cols; c++) {                                               \
+            long left = cols - c * 16;                                                               \
+            for (int r = 0; r < R; r++)                                                              \
+                put(y + r * ldy + c * 16, acc[r][c], bias ? bias + c * 16 : NULL, left);             \
+        }                                                                                            \
+    }
+
+typedef void (*tile_fn)(const float *, long, const float *, long, float *, long, const float *, long,
+                        const char *, const char *, int);
+
+TILE(1, 1) TILE(2, 1) TILE(3, 1) TILE(4, 1) TILE(5, 1) TILE(6, 1)
+static const tile_fn T1[7] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1, tile_5_1, tile_6_1};
+#if LS_ISA == 512
+TILE(1, 2) TILE(2, 2) TILE(3, 2) TILE(4, 2) TILE(5, 2) TILE(6, 2)
+TILE(7, 2) TILE(8, 2) TILE(9, 2) TILE(10, 2) TILE(11, 2) TILE(12, 2)
+TILE(1, 3) TILE(2, 3) TILE(3, 3) TILE(4, 3) TILE(5, 3) TILE(6, 3) TILE(7, 3) TILE(8, 3)
+TILE(1, 4) TILE(2, 4) TILE(3, 4) TILE(4, 4) TILE(5, 4) TILE(6, 4)
+static const tile_fn T2[13] = {0, tile_1_2, tile_2_2, tile_3_2, tile_4_2, tile_5_2, tile_6_2,
+                               tile_7_2, tile_8_2, tile_9_2, tile_10_2, tile_11_2, tile_12_2};
+static const tile_fn T3[9] = {0, tile_1_3, tile_2_3, tile_3_3, tile_4_3, tile_5_3, tile_6_3, tile_7_3, tile_8_3};
+static const tile_fn T4[7] = {0, tile_1_4, tile_2_4, tile_3_4, tile_4_4, tile_5_4, tile_6_4};
+#else
+TILE(1, 2) TILE(2, 2) TILE(3, 2)
+static const tile_fn T2[4] = {0, tile_1_2, tile_2_2, tile_3_2};
+static const tile_fn T3[2] = {0, 0};
+static const tile_fn T4[2] = {0, 0};
+#endif
+
+/* Rows [0, M) x blocks [b0, b1): tiles of `width` blocks (fewer where fewer are left) and up to
+   `rows` rows each; with `prefetch`, each panel's tiles fetch the next panel's lines, a share each
+   (a block at one k is one 64-byte line). */
+static void run_blocks(const float *x, long M, long K, const float *wp, long N, const float *bias, float *y,
+                       long b0, long b1, int width, int rows, int prefetch) {
+    long b = b0;
+    while (b < b1) {
+        int c = width;
+        while (c > 1 && b + c > b1) c = c == 3 ? 2 : c / 2;
+        int rmax = c == 4 ? RMAX4 : c == 3 ? RMAX3 : c == 2 ? RMAX2 : 6;
+        int step = rows < rmax ? rows : rmax;
+        const tile_fn *table = c == 4 ? T4 : c == 3 ? T3 : c == 2 ? T2 : T1;
+        long cols = N - b * 16;
+        if (cols > 16L * c) cols = 16L * c;
+        long tiles = (M + step - 1) / step, after = b1 - b - c;
+        long lines = prefetch ? (after < width ? after : width) * K : 0;
+        long share = (lines + tiles - 1) / tiles;
+        int pf_n = (int)((share + K - 1) / K);
+        /* (no next panel: an empty range inside this one, so no pointer leaves the weights) */
+        const char *next = (const char *)(wp + (lines ? b + c : b) * K * 16);
+        for (long m0 = 0, t = 0; m0 < M; m0 += step, t++) {
+            long r = M - m0 < step ? M - m0 : step;
+            long from = t * share < lines ? t * share : lines, to = from + share < lines ? from + share : lines;
+            const char *pf = next + from * 64, *pf_end = next + to * 64;
+            table[r](x + m0 * K, K, wp + b * K * 16, K, y + m0 * N + b * 16, N, bias ? bias + b * 16 : NULL,
+                     cols, pf, pf_end, pf_n);
+        }
+        b += c;
+    }
+}
+
+/* The tiles for M rows: `width` blocks of up to `rows` rows, prefetching the next panel or not. */
+static inline void tile_shape(long M, int *width_, int *rows_, int *prefetch_) {
+    /* Tile shapes, measured on SmolLM2-135M's products (2 cores; any tiling gives the same bits).
+       AVX-512, up to 6 rows: one 4-block tile of all the rows, each weight read once. 9-12 rows: one
+       2-block tile of all the rows (24 accumulators; each weight still read once, 12% faster than
+       3-block tiles of 8 rows and a second tile). Otherwise 3-block tiles of up to 8 rows (24
+       accumulators: the most that leave registers for the weights). */
+    int one_tile = M > 8 && M <= 12;
+    int width = M <= 6 ? 4 : one_tile ? 2 : 3;
+    int rows = M <= 6 ? 6 : one_tile ? 12 : 8;
+    int prefetch = M > 6;
+#if LS_ISA != 512
+    /* AVX2 has 16 registers. Past 8 rows (prompt chunks, verified draft trees), 1-block tiles of up
+       to 6 rows: 12 accumulators, 2 weight registers and the broadcast fit without spilling, where a
+       2-block tile of 3 rows needs 17 registers (1.3-1.8x faster from 12 rows on). Up to 8 rows, the
+       decode steps of a batch, which stream the weights from memory: 2-block tiles of 3 rows, which
+       read two streams at once. */
+    width = M <= 8 ? 2 : 1;
+    rows = M <= 8 ? 3 : 6;
+    /* Its tiles hold 3 rows, so from 3 rows on a tile computes as long as its panel takes to arrive,
+       and the prefetch pays (1-2 rows: it makes no difference). */
+    prefetch = M > 2;
+#endif
+    *width_ = width;
+    *rows_ = rows;
+    *prefetch_ = prefetch;
+}
+
+/* y [M][N] = x [M][K] @ W.T (+ bias), W packed by matmul_pack; x and y row-major and contiguous. */
+void matmul_f32(const float *x, long M, long K, const float *wp, long N, const float *bias, float *y,
+                int nthreads) {
+    long nb = (N + 15) / 16;
+    int width, rows, prefetch;
+    tile_shape(M, &width, &rows, &prefetch);
+    if (nthreads < 1) nthreads = 1;
+    if (nb < nthreads) nthreads = (int)nb;
+    if (nthreads == 1) {
+        run_blocks(x, M, K, wp, N, bias, y, 0, nb, width, rows, prefetch);
+        return;
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        long b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
+        run_blocks(x, M, K, wp, N, bias, y, b0, b1, width, rows, prefetch);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------
+   Quantized weights (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), multiplied without a
+   float copy of the model: each panel of 16-column blocks is dequantized, KCHUNK values of k at a
+   time, into a per-thread buffer that stays in L1, and every row tile of the product runs over it,
+   continuing its fused multiply-add chains where the previous chunk left them. So every output is the
+   float kernel's chain on the dequantized weights, bit for bit, and all the rows of a product reuse
+   one dequantization of each block.
+
+   The weights are regrouped at load (quantized.py) by 16 output rows, each field a plane whose
+   innermost dimension is the group's 16 rows, so the k-th weights of 16 rows are one 16-lane
+   vector: group g of a plane starts at g times the plane's bytes per group.
+     q   kind 8: int8 [K][16]; else 4-bit values [K/32][16][16], byte i of chunk c holding element
+         32c + i in its low nibble and 32c + 16 + i in its high one
+     hb  the values' high bits: kind 5 one bit [K/8][16] (bit k % 8), kind 6 two [K/4][16]
+         (bits 2 (k % 4), +1)
+     d   float16 [K/bs][16] per block; dm float16 [K/bs][16] (Q4_1, Q5_1: the block's minimum;
+         K-quants: dmin)
+     sc  int8 [K/ss][16] per sub-block (K-quants' scales); mn int8 [K/ss][16] (Q4_K, Q5_K: mins)
+   A weight is gguf's dequantization with its float32 operations, each rounded on its own (this file
+   is built with -ffp-contract=off):
+     w = A * (q - off) [+ B | - B],  A = d [* sc],  B = dm [* mn]
+   as gguf.quants computes it: Q4_1 d * q + m; Q4_K (d * sc) * q - (dmin * m); Q6_K (d * sc) * q. */
+
+#include <stdint.h>
+#include <stdlib.h>
+
+typedef struct {
+    const int8_t *q; const uint8_t *hb; const uint16_t *d, *dm; const int8_t *sc, *mn;
+} planes;
+
+enum { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
+
+/* The scale and offset of sub-block s: A = d [* sc], B = dm [* mn] (16 rows each). */
+static inline __attribute__((always_inline)) void
+scales(const uint16_t *d, const uint16_t *dm, const int8_t *sc, const int8_t *mn, long s, long blk, int has_sc,
+       int minmode, vec *A, vec *B) {
+    *A = v_from_f16(d + blk * 16);
+    *B = v_zero();
+    if (has_sc) *A = v_mul(*A, v_from_i8(_mm_loadu_si128((const __m128i *)(sc + s * 16))));
+    if (minmode) *B = v_from_f16(dm + blk * 16);
+    if (minmode == 2) *B = v_mul(*B, v_from_i8(_mm_loadu_si128((const __m128i *)(mn + s * 16))));
+}
+
+/* w = A * q [+ B | - B] for 16 values q (int8), stored at out. */
+static inline __attribute__((always_inline)) void
+put_weights(float *out, __m128i q, vec A, vec B, int minmode) {
+    vec w = v_mul(A, v_from_i8(q));
+    if (minmode == 1) w = v_add(w, B);
+    else if (minmode == 2) w = v_sub(w, B);
+    v_store(out, w);
+}
+
+/* Values [kb, ke) of group g of the planes (16 rows) dequantized into out [ke - kb][16], 32 values (one chunk of the 4-bit
+   plane: byte i gives values i and 16 + i) at a time; ss is 32 or 16, so a chunk holds one or two
+   sub-blocks. */
+static inline __attribute__((always_inline)) void
+dequant_group(const planes *P, long g, long K, long kb, long ke, float *out, int bs, int ss, int kind, int off,
+              int has_sc, int minmode) {
+    long nb = K / bs, ns = K / ss;
+    const int8_t *q = P->q + g * (kind == 8 ? K * 16 : K * 8);
+    const uint8_t *hb = kind == 5 ? P->hb + g * K * 2 : kind == 6 ? P->hb + g * K * 4 : NULL;
+    const uint16_t *d = P->d + g * nb * 16, *dm = minmode ? P->dm + g * nb * 16 : NULL;
+    const int8_t *sc = has_sc ? P->sc + g * ns * 16 : NULL, *mn = minmode == 2 ? P->mn + g * ns * 16 : NULL;
+    const __m128i low = _mm_set1_epi8(0x0F), offset = _mm_set1_epi8((char)off);
+    for (long c = kb / 32; c < ke / 32; c++) {
+        long k0 = 32 * c, s0 = k0 / ss, s1 = (k0 + 16) / ss;
+        vec A0, B0, A1, B1;
+        scales(d, dm, sc, mn, s0, k0 / bs, has_sc, minmode, &A0, &B0);
+        if (s1 != s0) scales(d, dm, sc, mn, s1, k0 / bs, has_sc, minmode, &A1, &B1);
+        else A1 = A0, B1 = B0;
+        float *o = out + (k0 - kb) * 16;
+        if (kind == 8) {
+            const int8_t *qc = q + k0 * 16;
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                put_weights(o + i * 16, _mm_loadu_si128((const __m128i *)(qc + i * 16)), A0, B0, minmode);
+                put_weights(o + (16 + i) * 16, _mm_loadu_si128((const __m128i *)(qc + (16 + i) * 16)), A1, B1,
+                            minmode);
+            }
+            continue;
+        }
+        const int8_t *qc = q + c * 256;
+        const uint8_t *hc = kind == 5 ? hb + c * 64 : kind == 6 ? hb + c * 128 : NULL;
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(qc + i * 16));
+            __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+            if (kind == 5) { /* bit k % 8 of byte k / 8: k = 32 c + i and 32 c + 16 + i */
+                __m128i h0 = _mm_loadu_si128((const __m128i *)(hc + (i >> 3) * 16));
+                __m128i h1 = _mm_loadu_si128((const __m128i *)(hc + (2 + (i >> 3)) * 16));
+                const __m128i one = _mm_set1_epi8(1);
+                lo = _mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h0, i & 7), one), 4));
+                hi = _mm_or_si128(hi, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h1, i & 7), one), 4));
+            }
+            if (kind == 6) { /* bits 2 (k % 4), +1 of byte k / 4 */
+                __m128i h0 = _mm_loadu_si128((const __m128i *)(hc + (i >> 2) * 16));
+                __m128i h1 = _mm_loadu_si128((const __m128i *)(hc + (4 + (i >> 2)) * 16));
+                int sh = 2 * (i & 3);
+                const __m128i three = _mm_set1_epi8(3);
+                lo = _mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h0, sh), three), 4));
+                hi = _mm_or_si128(hi, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h1, sh), three), 4));
+            }
+            if (off) {
+                lo = _mm_sub_epi8(lo, offset);
+                hi = _mm_sub_epi8(hi, offset);
+            }
+            put_weights(o + i * 16, lo, A0, B0, minmode);
+            put_weights(o + (16 + i) * 16, hi, A1, B1, minmode);
+        }
+    }
+}
+
+static void dequant(const planes *P, int type, long g, long K, long kb, long ke, float *out) {
+    switch (type) {
+    case Q8_0: dequant_group(P, g, K, kb, ke, out, 32, 32, 8, 0, 0, 0); break;
+    case Q4_0: dequant_group(P, g, K, kb, ke, out, 32, 32, 4, 8, 0, 0); break;
+    case Q4_1: dequant_group(P, g, K, kb, ke, out, 32, 32, 4, 0, 0, 1); break;
+    case Q5_0: dequant_group(P, g, K, kb, ke, out, 32, 32, 5, 16, 0, 0); break;
+    case Q5_1: dequant_group(P, g, K, kb, ke, out, 32, 32, 5, 0, 0, 1); break;
+    case Q4_K: dequant_group(P, g, K, kb, ke, out, 256, 32, 4, 0, 1, 2); break;
+    case Q5_K: dequant_group(P, g, K, kb, ke, out, 256, 32, 5, 0, 1, 2); break;
+    case Q6_K: dequant_group(P, g, K, kb, ke, out, 256, 16, 6, 32, 1, 0); break;
+    default: break;
+    }
+}
+
+/* One tile over a chunk of k: R rows x C blocks continuing the chains in acc [R][C][16] (zero
+   before the first chunk), the chunk's weights wp [C][kn][16]; after the last chunk (y != NULL)
+   the sums go to y (+ bias) as the float kernel's tiles put them. Storing and reloading an
+   accumulator is exact, so the chains are the float kernel's. */
+#define TILEK(R, C)                                                                                 \
+    static void tilek_##R##_##C(const float *x, long ldx, const float *wp, long kn, float *accp,       \
+                                float *y, long ldy, const float *bias, long cols) {                   \
+        vec acc[R][C];                                                                               \
+        for (int r = 0; r < R; r++)                                                                  \
+            for (int c = 0; c < C; c++) acc[r][c] = v_load(accp + (r * C + c) * 16);                  \
+        for (long k = 0; k < kn; k++) {                                                              \
+            vec w[C];                                                                                \
+            for (int c = 0; c < C; c++) w[c] = v_load(wp + ((long)c * kn + k) * 16);                 \
+            for (int r = 0; r < R; r++) {                                                            \
+                float a = x[r * ldx + k];                                                            \
+                for (int c = 0; c < C; c++) acc[r][c] = v_fma(v_set(a), w[c], acc[r][c]);            \
+            }                                                                                        \
+        }                                                                                            \
+        if (!y) {                                                                                    \
+            for (int r = 0; r < R; r++)                                                              \
+                for (int c = 0; c < C; c++) v_store(accp + (r * C + c) * 16, acc[r][c]);              \
+            return;                                                                                  \
+        }                                                                                            \
+        for (int c = 0; c < C && c * 16 < cols; c++) {                                               \
+            long left = cols - c * 16;                                                               \
+            for (int r = 0; r < R; r++)                                                              \
+                put(y + r * ldy + c * 16, acc[r][c], bias ? bias + c * 16 : NULL, left);             \
+        }                                                                                            \
+    }
+
+typedef void (*tilek_fn)(const float *, long, const float *, long, float *, float *, long, const float *, long);
+
+TILEK(1, 1) TILEK(2, 1) TILEK(3, 1) TILEK(4, 1) TILEK(5, 1) TILEK(6, 1)
+static const tilek_fn K1[7] = {0, tilek_1_1, tilek_2_1, tilek_3_1, tilek_4_1, tilek_5_1, tilek_6_1};
+#if LS_ISA == 512
+TILEK(1, 2) TILEK(2, 2) TILEK(3, 2) TILEK(4, 2) TILEK(5, 2) TILEK(6, 2)
+TILEK(7, 2) TILEK(8, 2) TILEK(9, 2) TILEK(10, 2) TILEK(11, 2) TILEK(12, 2)
+TILEK(1, 3) TILEK(2, 3) TILEK(3, 3) TILEK(4, 3) TILEK(5, 3) TILEK(6, 3) TILEK(7, 3) TILEK(8, 3)
+TILEK(1, 4) TILEK(2, 4) TILEK(3, 4) TILEK(4, 4) TILEK(5, 4) TILEK(6, 4)
+static const tilek_fn K2[13] = {0, tilek_1_2, tilek_2_2, tilek_3_2, tilek_4_2, tilek_5_2, tilek_6_2,
+                                tilek_7_2, tilek_8_2, tilek_9_2, tilek_10_2, tilek_11_2, tilek_12_2};
+static const tilek_fn K3[9] = {0, tilek_1_3, tilek_2_3, tilek_3_3, tilek_4_3, tilek_5_3, tilek_6_3, tilek_7_3,
+                               tilek_8_3};
+static const tilek_fn K4[7] = {0, tilek_1_4, tilek_2_4, tilek_3_4, tilek_4_4, tilek_5_4, tilek_6_4};
+#else
+TILEK(1, 2) TILEK(2, 2) TILEK(3, 2)
+static const tilek_fn K2[4] = {0, tilek_1_2, tilek_2_2, tilek_3_2};
+static const tilek_fn K3[2] = {0, 0};
+static const tilek_fn K4[2] = {0, 0};
+#endif
+
+/* Values of k per chunk: a 4-block chunk's weights (32 KB) stay in L1 while every row tile reads them. */
+#define KCHUNK 128
+
+/* A thread's panel buffer, grown as needed and kept (a decode step calls this ~120 times). */
+static __thread float *panel_buf;
+static __thread size_t panel_cap;
+
+static float *panel(size_t floats) {
+    if (floats > panel_cap) {
+        free(panel_buf);
+        panel_buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        panel_cap = panel_buf ? floats : 0;
+    }
+    return panel_buf;
+}
+
+static void run_blocks_q(const float *x, long M, long K, const planes *P, int type, long N, const float *bias,
+                         float *y, long b0, long b1, int width, int rows) {
+    float *buf = panel((size_t)width * KCHUNK * 16 + (size_t)M * width * 16);
+    if (!buf) return;
+    float *accs = buf + (size_t)width * KCHUNK * 16; /* [tile][R][C][16], the tiles one after another */
+    long b = b0;
+    while (b < b1) {
+        int c = width;
+        while (c > 1 && b + c > b1) c = c == 3 ? 2 : c / 2;
+        int rmax = c == 4 ? RMAX4 : c == 3 ? RMAX3 : c == 2 ? RMAX2 : 6;
+        int step = rows < rmax ? rows : rmax;
+        const tilek_fn *table = c == 4 ? K4 : c == 3 ? K3 : c == 2 ? K2 : K1;
+        long cols = N - b * 16;
+        if (cols > 16L * c) cols = 16L * c;
+        memset(accs, 0, sizeof(float) * (size_t)M * c * 16);
+        for (long k0 = 0; k0 < K; k0 += KCHUNK) {
+            long kn = K - k0 < KCHUNK ? K - k0 : KCHUNK;
+            int last = k0 + kn == K;
+            for (int j = 0; j < c; j++) dequant(P, type, b + j, K, k0, k0 + kn, buf + j * kn * 16);
+            for (long m0 = 0; m0 < M; m0 += step) {
+                long r = M - m0 < step ? M - m0 : step;
+                table[r](x + m0 * K + k0, K, buf, kn, accs + m0 * c * 16, last ? y + m0 * N + b * 16 : NULL, N,
+                         bias ? bias + b * 16 : NULL, cols);
+            }
+        }
+        b += c;
+    }
+}
+
+/* y [M][N] = x [M][K] @ W.T (+ bias) for W quantized as `type` in the planes above (N rounded up to
+   16 rows there, the extra rows zero); the same tile shapes as matmul_f32. */
+void matmul_quant(const float *x, long M, long K, const int8_t *q, const uint8_t *hb, const uint16_t *d,
+                  const uint16_t *dm, const int8_t *sc, const int8_t *mn, int type, long N, const float *bias,
+                  float *y, int nthreads) {
+    planes P = {q, hb, d, dm, sc, mn};
+    long nb = (N + 15) / 16;
+    int width, rows, prefetch;
+    tile_shape(M, &width, &rows, &prefetch);
+    if (nthreads < 1) nthreads = 1;
+    if (nb < nthreads) nthreads = (int)nb;
+    if (nthreads == 1) {
+        run_blocks_q(x, M, K, &P, type, N, bias, y, 0, nb, width, rows);
+        return;
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        run_blocks_q(x, M, K, &P, type, N, bias, y, nb * t / nt, nb * (t + 1) / nt, width, rows);
+    }
+}
+
+/* The weights as floats, out [N][K]: what matmul_quant multiplies. */
+void matmul_quant_dequant(const int8_t *q, const uint8_t *hb, const uint16_t *d, const uint16_t *dm,
+                          const int8_t *sc, const int8_t *mn, int type, long N, long K, float *out) {
+    planes P = {q, hb, d, dm, sc, mn};
+    float *buf = aligned_alloc(64, (size_t)K * 16 * sizeof(float));
+    if (!buf) return;
+    for (long g = 0; g < (N + 15) / 16; g++) {
+        dequant(&P, type, g, K, 0, K, buf);
+        for (long l = 0; l < 16 && g * 16 + l < N; l++)
+            for (long k = 0; k < K; k++) out[(g * 16 + l) * K + k] = buf[k * 16 + l];
+    }
+    free(buf);
+}
