@@ -42,7 +42,7 @@ def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
 def _structured(req: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
     """The JobRequest fields of structured outputs, tools, log-probabilities and penalties."""
     if isinstance(req, ChatCompletionRequest):
-        if req.top_logprobs is not None and not req.logprobs:
+        if req.top_logprobs and not req.logprobs:  # 0 is the neutral value clients send
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
