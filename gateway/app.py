@@ -48,9 +48,11 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 
 
 def build_app(lifecycle: Lifecycle, *, auth: Authenticator, max_body_bytes: int,
-              drain_timeout_s: float = 30.0, store: Store | None = None) -> FastAPI:
+              drain_timeout_s: float = 30.0, body_timeout_s: float = 30.0,
+              store: Store | None = None) -> FastAPI:
     """The app serving ``lifecycle``'s service (which may arrive later). ``store`` is closed when
-    the app stops, after the service (so outputs appended at the end still reach it)."""
+    the app stops, after the service (so outputs appended at the end still reach it). A request body
+    that stalls for ``body_timeout_s`` gets 408 (``BodyLimitMiddleware``)."""
     loading_metrics = ServiceMetrics()  # counts requests until the service (and its metrics) exist
 
     @asynccontextmanager
@@ -63,7 +65,9 @@ def build_app(lifecycle: Lifecycle, *, auth: Authenticator, max_body_bytes: int,
             if store is not None:
                 store.close()
 
-    app = FastAPI(title="lookupspec", version=__version__, lifespan=lifespan,
+    # redirect_slashes=False: Starlette's redirect of "/v1/collections/" to "/v1/collections" builds an
+    # absolute Location from the Host header, which a client controls; a 404 is the honest answer.
+    app = FastAPI(title="lookupspec", version=__version__, lifespan=lifespan, redirect_slashes=False,
                   description="OpenAI-compatible speculative-decoding gateway with lookup drafts.")
     app.state.lifecycle = lifecycle
     app.state.auth = auth
@@ -72,7 +76,8 @@ def build_app(lifecycle: Lifecycle, *, auth: Authenticator, max_body_bytes: int,
     app.include_router(routes_ops.router)
     install_error_handlers(app)
     # Starlette wraps in reverse order: the last added runs first.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, timeout_s=body_timeout_s,
+                       lifecycle=lifecycle)
     app.add_middleware(AdmissionMiddleware, lifecycle=lifecycle)
     app.add_middleware(AuthMiddleware, auth=auth)
     app.add_middleware(RequestMetricsMiddleware,
@@ -91,4 +96,5 @@ def create_app(service: Service, config: GatewayConfig | None = None, *,
             GatewayConfig(**{f.name: getattr(service.config, f.name) for f in fields(ServiceConfig)})
     return build_app(Lifecycle(service), auth=Authenticator.from_config(config),
                      max_body_bytes=config.limits.max_body_bytes, drain_timeout_s=config.drain_timeout_s,
+                     body_timeout_s=config.limits.body_timeout_s,
                      store=service.store if close_store else None)

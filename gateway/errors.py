@@ -81,10 +81,23 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return response(APIError(400, message, param=param, code="invalid_value"))
 
 
+def _unparsable_body(cause: BaseException | None) -> str:
+    """What FastAPI's "There was an error parsing the body" was about (the error it chained)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the request body is not valid UTF-8 (byte {cause.start}): send JSON encoded as UTF-8"
+    if isinstance(cause, RecursionError):
+        return "the request body is nested too deeply to parse"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return f"the request body holds a number with too many digits ({cause})"
+    return "the request body could not be parsed as JSON" + (f": {cause}" if cause else "")
+
+
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    codes = {404: "not_found", 405: "method_not_allowed", 401: "invalid_api_key"}
+    codes = {400: "invalid_value", 404: "not_found", 405: "method_not_allowed", 401: "invalid_api_key"}
     message = exc.detail if isinstance(exc.detail, str) else "request failed"
+    if exc.status_code == 400 and message == "There was an error parsing the body":
+        message = _unparsable_body(exc.__cause__)
     if exc.status_code == 404 and message == "Not Found":
         message = "no such route"
     return response(APIError(exc.status_code, message, code=codes.get(exc.status_code),

@@ -8,6 +8,7 @@ body is never read into memory whole. Order (outermost first): counting, auth, a
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
@@ -95,15 +96,47 @@ class AdmissionMiddleware:
 
 class BodyLimitMiddleware:
     """413 for a body over ``max_bytes``: at once from Content-Length, or while a chunked body is
-    read (the app then never sees it)."""
+    read (the app then never sees it). 408 when the client sends no part of the body for
+    ``timeout_s`` seconds, and 503 ``shutting_down`` as soon as the replica drains (``lifecycle``):
+    a client that stalls in the middle of its body holds neither a connection nor the drain."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    _POLL_S = 0.1  # how often a stalled read looks at the lifecycle's phase
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0,
+                 lifecycle: Lifecycle | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.lifecycle = lifecycle
 
     def _error(self) -> APIError:
         return APIError(413, f"the request body exceeds the limit of {self.max_bytes} bytes",
                         code="payload_too_large")
+
+    def _draining(self) -> bool:
+        return self.lifecycle is not None and self.lifecycle.phase in ("draining", "stopped")
+
+    async def _receive(self, receive: Receive) -> Message | APIError:
+        """The next message, or the error to answer when the client stalls or the replica drains."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        task = asyncio.ensure_future(receive())
+        try:
+            while True:
+                left = deadline - loop.time()
+                done, _ = await asyncio.wait({task}, timeout=min(self._POLL_S, max(left, 0.0)))
+                if done:
+                    return task.result()
+                if self._draining():
+                    return APIError(503, "the server is shutting down", code="shutting_down",
+                                    headers={"Retry-After": "1", "Connection": "close"})
+                if loop.time() >= deadline:
+                    return APIError(408, f"the request body was not received: nothing arrived for "
+                                         f"{self.timeout_s:g} s", code="request_timeout",
+                                    headers={"Connection": "close"})
+        finally:
+            if not task.done():
+                task.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
@@ -118,11 +151,14 @@ class BodyLimitMiddleware:
                 if too_big:
                     await _send_error(send, self._error())
                     return
-        # Read the body up front (bounded), then replay it to the app.
+        # Read the body up front (bounded in size and time), then replay it to the app.
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
+            message = await self._receive(receive)
+            if isinstance(message, APIError):
+                await _send_error(send, message)
+                return
             if message["type"] != "http.request":
                 break  # disconnect: let the app see an empty body and the disconnect
             chunk = message.get("body", b"")

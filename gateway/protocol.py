@@ -17,7 +17,16 @@ import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from lookupspec.params import ALL_SOURCES, MAX_DRAFT_TOKENS
 
@@ -95,12 +104,37 @@ assert set(Source.__args__) == set(ALL_SOURCES)  # type: ignore[attr-defined]
 
 _OPEN = ConfigDict(extra="allow")
 _CLOSED = ConfigDict(extra="forbid")
+MAX_STOP = 16
+
+
+def _stop_count(value: Any) -> Any:
+    # Checked before the str | list union, so too many is reported as such, not as "not a string".
+    if isinstance(value, list) and len(value) > MAX_STOP:
+        raise ValueError(f"at most {MAX_STOP} stop sequences, got {len(value)}")
+    return value
+
+
+class _NullIsDefault(BaseModel):
+    """``null`` for an optional field means its default, also where the default is not ``None``
+    (``max_tokens`` 16 on completions, ``lookup.enabled`` true, ``metadata`` {}): such nulls are
+    dropped before validation, so a null and an omitted field are one and the same request."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        defaulted = [name for name, f in cls.model_fields.items()
+                     if not f.is_required() and f.get_default(call_default_factory=True) is not None]
+        if not any(data.get(name, 0) is None for name in defaulted):
+            return data
+        return {k: v for k, v in data.items() if not (v is None and k in defaulted)}
 
 
 # ---- requests -----------------------------------------------------------------------------------
 
 
-class LookupOptions(BaseModel):
+class LookupOptions(_NullIsDefault):
     """Extension: where this request may draft from. Omitted: every source, no collections."""
 
     model_config = _CLOSED
@@ -155,7 +189,7 @@ class ResponseFormat(BaseModel):
     json_schema: ResponseFormatSchema | None = None
 
 
-class _GenerationFields(BaseModel):
+class _GenerationFields(_NullIsDefault):
     """Fields both endpoints share. ``None`` means the documented default (see ``description``)."""
 
     model_config = _OPEN
@@ -165,12 +199,13 @@ class _GenerationFields(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True, description="null: 1.0")
     top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1, strict=True, description="0, -1, null: off")
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1, strict=True)
-    stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = Field(
-        None, description="up to 16 strings; the text is cut before the first one found")
+    stop: Annotated[StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None,
+                    BeforeValidator(_stop_count)] = Field(
+        None, description=f"up to {MAX_STOP} strings; the text is cut before the first one found")
     n: int | None = Field(default=None, ge=1, le=16, strict=True, description="null: 1")
     stream: bool | None = Field(default=None, strict=True, description="null: false")
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Text | None = None
     lookup: LookupOptions | None = None
     logit_bias: dict[str, float] | None = Field(
         default=None, description="token id (as a string) -> bias in [-100, 100] added to its logit")
@@ -209,7 +244,7 @@ class ChatMessage(BaseModel):
     model_config = _OPEN
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[ContentPart] | None = None
-    name: str | None = None
+    name: Text | None = None
 
 
 class ToolFunction(BaseModel):
@@ -282,7 +317,7 @@ def metadata_depth(value: Any) -> int:
     return deepest
 
 
-class DocumentIn(BaseModel):
+class DocumentIn(_NullIsDefault):
     model_config = _CLOSED
     id: DocId
     text: Text

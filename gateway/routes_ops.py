@@ -95,6 +95,8 @@ async def health(request: Request, digest: bool = False) -> Any:
 
 @router.head("/health", include_in_schema=False)
 async def health_head(request: Request) -> Response:
+    """GET's status without its body: a wrong key is a 401 here too."""
+    _may_see_detail(request)
     return Response(status_code=_health(_lifecycle(request))[0], media_type="application/json")
 
 
@@ -133,3 +135,11 @@ async def metrics(request: Request) -> Response:
     if service is None:
         return JSONResponse({"status": _lifecycle(request).phase}, status_code=503)
     return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.head("/metrics", include_in_schema=False)
+async def metrics_head(request: Request) -> Response:
+    """GET's status and content type without rendering the metrics."""
+    if _lifecycle(request).service is None:
+        return Response(status_code=503, media_type="application/json")
+    return Response(status_code=200, media_type=CONTENT_TYPE)

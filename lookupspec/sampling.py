@@ -23,7 +23,8 @@ Worked example: ``hash32(0) == 0``; ``hash32(1) == 0x688990C0`` (kept as a regre
 tests). Top-p keeps token ``i`` iff the probability mass of tokens *strictly more likely* than ``i``
 is below ``top_p``: the smallest nucleus with mass >= top_p, with every token tied at its boundary
 kept (a sort-free rule that a kernel can evaluate exactly; it differs from a sort-based nucleus only
-on exact probability ties).
+on exact probability ties). The most likely token is always kept: ``top_p`` below float32's resolution
+is raised to ``MIN_TOP_P``, where the nucleus is that token alone.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 __all__ = [
     "GREEDY_EPS",
+    "MIN_TOP_P",
     "SamplingParams",
     "gumbel_noise",
     "hash32",
@@ -46,6 +48,12 @@ __all__ = [
 
 # Temperatures below this are greedy (vLLM uses the same threshold): dividing by them overflows.
 GREEDY_EPS = 1e-5
+# The smallest top_p the filters see: float32's smallest normal number. The filters compare in float32,
+# where a smaller top_p (1e-46, 5e-324) rounds to 0 (or, on a device that flushes subnormals, may),
+# and "mass above >= 0" would filter every token, the most likely one included: the argmax of an
+# all -inf row is token 0 whatever the logits. At this floor the nucleus is the most likely token (and
+# its exact ties), as for any top_p below the top probability; every larger top_p is unchanged.
+MIN_TOP_P = 2.0**-126
 
 _M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
@@ -68,6 +76,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_p < MIN_TOP_P:
+            object.__setattr__(self, "top_p", MIN_TOP_P)
         if self.seed is not None and self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
 

@@ -100,3 +100,43 @@ def test_sampling_matches_softmax_distribution():
 def test_invalid_sampling_params_raise(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("top_p", [5e-324, 1e-46, 1e-45, 1e-40, 2.0**-126, 1e-30, 1e-3])
+def test_a_top_p_below_the_top_probability_keeps_exactly_the_most_likely_token(top_p):
+    """Whatever float32 can or cannot hold: a nucleus never drops the most likely token (a top_p that
+    rounded to 0 in float32 filtered every token, and the argmax of an all -inf row is token 0)."""
+    from kernels.reference import process_rows
+
+    logits = torch.randn(64, 300, generator=torch.Generator().manual_seed(5))
+    logits[:, 0] = -30.0  # token 0 is the least likely: the old failure chose it on every row
+    params = SamplingParams(temperature=1.0, top_p=top_p, seed=3)
+    assert params.top_p >= top_p
+    positions = torch.arange(64)
+    assert torch.equal(select_tokens(logits, params, positions), logits.argmax(-1))
+    # the batched rows (kernels' torch twin) apply the same rule to the same params
+    rows = process_rows(logits, torch.ones(64), torch.zeros(64, dtype=torch.int64),
+                        torch.full((64,), params.top_p, dtype=torch.float32))
+    assert torch.equal(rows, process_logits(logits, params))
+
+
+def test_top_p_the_filters_can_hold_is_left_as_given():
+    """The floor moves only values float32 cannot tell from 0 (or holds as subnormals): the seeded
+    tokens of every other request are unchanged."""
+    for top_p in (2.0**-126, 1e-30, 0.1, 0.9, 1.0):
+        assert SamplingParams(temperature=1.0, top_p=top_p).top_p == top_p
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"temperature": 1e-5}, {"temperature": 9.9e-6}, {"temperature": 5e-324},
+    {"temperature": 2.0, "top_k": 2**31 - 1}, {"temperature": 1.0, "top_k": 1},
+    {"temperature": 1.0, "seed": 2**63 - 1}, {"temperature": 1.0, "seed": 0}])
+def test_sampling_edges_give_finite_scores_and_a_token_the_filters_kept(kwargs):
+    logits = torch.randn(8, 300, generator=torch.Generator().manual_seed(1)) * 20
+    params = SamplingParams(**{"seed": 7, **kwargs})
+    tokens = select_tokens(logits, params, torch.arange(8))
+    if params.greedy:
+        assert torch.equal(tokens, logits.argmax(-1))
+    else:
+        scores = process_logits(logits, params)
+        assert not torch.isnan(scores).any() and torch.isfinite(scores.gather(1, tokens[:, None])).all()

@@ -160,6 +160,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help="tokens kept in each namespace's output lookup index [env LOOKUPSPEC_OUTPUT_CAP_TOKENS]")
     a("--max-body-bytes", type=positive_int, default=_env("MAX_BODY_BYTES", 16 * 1024 * 1024, int),
       help="largest request body (413 above) [env LOOKUPSPEC_MAX_BODY_BYTES]")
+    a("--max-header-bytes", type=positive_int, default=_env("MAX_HEADER_BYTES", 32 * 1024, int),
+      help="largest request line plus headers, read before anything else (431 above) "
+           "[env LOOKUPSPEC_MAX_HEADER_BYTES]")
+    a("--body-timeout", type=positive_float, default=_env("BODY_TIMEOUT", 30.0, float),
+      help="seconds a request body may send nothing before it gets 408 [env LOOKUPSPEC_BODY_TIMEOUT]")
     a("--max-documents", type=positive_int, default=_env("MAX_DOCUMENTS", 1000, int),
       help="documents per upload (413 above) [env LOOKUPSPEC_MAX_DOCUMENTS]")
     a("--max-document-bytes", type=positive_int, default=_env("MAX_DOCUMENT_BYTES", 2 * 1024 * 1024, int),
@@ -229,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         keys = parse_api_keys(args.api_keys if args.api_keys is not None else args.env_api_keys)
         limits = Limits(max_body_bytes=args.max_body_bytes, max_documents_per_request=args.max_documents,
-                        max_document_bytes=args.max_document_bytes)
+                        max_document_bytes=args.max_document_bytes, body_timeout_s=args.body_timeout)
         if args.admin_key is not None and (not args.admin_key or args.admin_key in keys):
             raise ValueError("--admin-key must be non-empty and differ from every API key")
         if args.prefix_block_size is not None and args.prefix_block_size > args.prefill_chunk:
@@ -272,9 +277,11 @@ def _serve(args: argparse.Namespace, sock: socket.socket, keys: dict[str, str], 
     lifecycle = Lifecycle()
     drain_timeout = max(args.drain_timeout, 0.0)
     app = build_app(lifecycle, auth=Authenticator(keys, admin_key=args.admin_key),
-                    max_body_bytes=limits.max_body_bytes, drain_timeout_s=drain_timeout, store=store)
+                    max_body_bytes=limits.max_body_bytes, drain_timeout_s=drain_timeout,
+                    body_timeout_s=limits.body_timeout_s, store=store)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
-                            timeout_graceful_shutdown=_GRACE_S, http=_http_protocol())
+                            timeout_graceful_shutdown=_GRACE_S, http=_http_protocol(args.max_header_bytes),
+                            h11_max_incomplete_event_size=args.max_header_bytes)
     server = _gateway_server(config, lifecycle, drain_timeout,
                              load=lambda: _load(args, keys, limits, store, lifecycle))
     # uvicorn re-raises the signal it stopped on once it has shut down, with the handler that was in
@@ -351,23 +358,35 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
     return True
 
 
-def _http_protocol() -> Any:
+def _http_protocol(max_head_bytes: int) -> Any:
     """uvicorn's HTTP protocol class, answering a request it cannot parse (a malformed
-    Content-Length, a bad request line) with an OpenAI-shaped 400 instead of plain text."""
+    Content-Length, a bad request line) with an OpenAI-shaped 400 instead of plain text, and a request
+    whose line and headers exceed ``max_head_bytes`` with an OpenAI-shaped 431 as soon as that many
+    bytes arrived without the end of the head (httptools sets no bound of its own: it would buffer a
+    header of any size, before authentication)."""
     from lookupspec.gateway.errors import error_body
 
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
-    except ImportError:  # uvicorn without httptools
+        counting = True
+    except ImportError:  # uvicorn without httptools: h11 bounds the head itself (a 400 below)
         from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
+        counting = False
 
-    body = json.dumps(error_body("invalid HTTP request: malformed request line or headers "
-                                 "(e.g. Content-Length)", "invalid_request_error", None,
-                                 "invalid_http_request")).encode()
+    bad = json.dumps(error_body("invalid HTTP request: malformed request line or headers "
+                                "(e.g. Content-Length)", "invalid_request_error", None,
+                                "invalid_http_request")).encode()
+    large = json.dumps(error_body(f"the request line and headers exceed the limit of {max_head_bytes} "
+                                  "bytes", "invalid_request_error", None,
+                                  "request_header_fields_too_large")).encode()
 
     class Protocol(Base):
-        def send_400_response(self, msg: str) -> None:
-            head = [b"HTTP/1.1 400 Bad Request\r\n"]
+        # Bytes of the current request's head received so far; None once its headers are complete
+        # (and always None under h11, which bounds the head itself).
+        _head_bytes: int | None = 0 if counting else None
+
+        def _send_error(self, status: bytes, body: bytes) -> None:
+            head = [b"HTTP/1.1 " + status + b"\r\n"]
             for name, value in self.server_state.default_headers:
                 head += [name, b": ", value, b"\r\n"]
             head += [b"content-type: application/json\r\n",
@@ -375,6 +394,27 @@ def _http_protocol() -> Any:
                      b"connection: close\r\n\r\n"]
             self.transport.write(b"".join(head) + body)
             self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            self._send_error(b"400 Bad Request", bad)
+
+        def data_received(self, data: bytes) -> None:
+            if self._head_bytes is not None:
+                self._head_bytes += len(data)
+            super().data_received(data)
+            # After the parser ran, so a chunk that completes the head (and carries body bytes) passes.
+            if (self._head_bytes is not None and self._head_bytes > max_head_bytes
+                    and not self.transport.is_closing()):
+                self.logger.warning("request head over %d bytes: 431", max_head_bytes)
+                self._send_error(b"431 Request Header Fields Too Large", large)
+
+        def on_headers_complete(self) -> None:
+            self._head_bytes = None
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._head_bytes = 0  # the next request on this connection starts its head
 
     return Protocol
 

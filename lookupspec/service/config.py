@@ -28,12 +28,15 @@ class Limits:
     max_inline_documents: int = 16  # ``lookup.documents`` of one generation request
     max_inline_bytes: int = 4 * 1024 * 1024  # all inline documents of one request together
     max_choices: int = 16  # prompts x n of one request
+    body_timeout_s: float = 30.0  # a request body that sends nothing for this long gets 408
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_documents_per_request", "max_document_bytes",
                      "max_inline_documents", "max_inline_bytes", "max_choices"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.body_timeout_s > 0:
+            raise ValueError(f"body_timeout_s must be > 0, got {self.body_timeout_s}")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,23 @@ Damage handling at ``replay`` (a frame whose header or payload fails its CRC, or
 Both cases are logged and counted in ``health()`` (``corrupt_regions``, ``skipped_bytes``,
 ``truncated_bytes``, ``last_error``); neither is fatal. A false resync would need both CRCs of a
 forged frame to match right after a damaged region; we accept that risk.
+
+Compaction. Replacing a document leaves its old record in the log, so a log under churn grows without
+bound while the live state does not. ``compact(live)`` rewrites the log as the live records (a
+snapshot, ``StoreState.live_records``), after which appends go on as the tail:
+
+1. write the snapshot's frames to ``store.log.compact`` (a new file), fsync it;
+2. ``rename`` it over ``store.log`` (atomic), fsync the directory;
+3. append to the new file from then on.
+
+A kill -9 before step 2 leaves the old log whole (the half-written ``.compact`` file is deleted at the
+next open); after it, the new log is whole. Either way replay gives the same state, so nothing
+acknowledged is lost. The caller (``Store``) compacts only while no append is between the log and the
+state, so the snapshot holds every record in the log. ``compaction_due(live)`` says when: the log
+holds more than ``compact_ratio`` times as many records as the live state, and at least
+``compact_min_records``, so the log stays within a constant factor of the live state and each
+compaction's cost is paid for by as many appends. (Damaged regions the replay skipped are not
+carried over.)
 """
 
 from __future__ import annotations
@@ -63,11 +80,20 @@ class EmbeddedConfig:
     data_dir: Path
     log_name: str = "store.log"
     fsync: bool = True  # False only for throwaway test data: acknowledgements are then not durable
+    compact_min_records: int = 10_000  # no compaction below this many records in the log
+    compact_ratio: float = 2.0  # compact when the log holds more than ratio x the live records; 0: never
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         if not self.log_name or "/" in self.log_name or self.log_name.startswith("."):
             raise ValueError(f"log_name must be a plain file name, got {self.log_name!r}")
+        if self.compact_min_records < 1 or not (self.compact_ratio == 0 or self.compact_ratio > 1):
+            raise ValueError(f"need compact_min_records >= 1 and compact_ratio 0 (off) or > 1, got "
+                             f"{self.compact_min_records} and {self.compact_ratio}")
+
+    @property
+    def compact_path(self) -> Path:
+        return self.data_dir / (self.log_name + ".compact")
 
     @property
     def log_path(self) -> Path:
@@ -98,6 +124,12 @@ def read_frame(buf: mmap.mmap | bytes, pos: int) -> tuple[Record, int]:
     if end > len(buf):
         raise RecordError(f"frame cut short: {len(buf) - pos - _FRAME.size} of {length} payload bytes")
     return decode_record(buf[pos + _FRAME.size : end]), end
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # os.write may write less than asked (e.g. on a full disk)
+        view = view[os.write(fd, view):]
 
 
 def _lock_holder(lock_path: Path) -> str:
@@ -135,6 +167,9 @@ class EmbeddedLog:
             raise
         os.ftruncate(self._lock_fd, 0)
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
+        # A compaction killed before its rename: the log itself is whole, the copy is not.
+        with contextlib.suppress(FileNotFoundError):
+            config.compact_path.unlink()
         created = not config.log_path.exists()
         self._fd: int | None = os.open(config.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if created and config.fsync:
@@ -148,6 +183,9 @@ class EmbeddedLog:
         self.last_error: str | None = None
         self.write_errors = 0
         self._write_failing = False  # the last append failed: degraded until one succeeds
+        self.records = 0  # frames in the log file (replayed + appended since the last compaction)
+        self.compactions = 0
+        self.compacted_records = 0  # records the compactions dropped
 
     def _fsync_dir(self) -> None:
         dir_fd = os.open(self.config.data_dir, os.O_RDONLY)
@@ -171,9 +209,7 @@ class EmbeddedLog:
                 raise StoreClosedError("the embedded log is closed")
             start = self._size
             try:
-                view = memoryview(b"".join(frames))
-                while view:  # os.write may write less than asked (e.g. on a full disk)
-                    view = view[os.write(self._fd, view):]
+                _write_all(self._fd, b"".join(frames))
                 if self.config.fsync:
                     os.fsync(self._fd)
             except OSError as exc:
@@ -191,7 +227,56 @@ class EmbeddedLog:
             self._size = offset
             self._write_failing = False
             self.appended += len(records)
+            self.records += len(records)
         return acks
+
+    def compaction_due(self, live: int) -> bool:
+        """Whether the log holds enough dead records to compact, given ``live`` records in the state."""
+        ratio = self.config.compact_ratio
+        return bool(ratio) and self.records >= self.config.compact_min_records and self.records > ratio * live
+
+    def compact(self, live: Sequence[Record]) -> None:
+        """Replace the log by ``live`` (module docstring). The caller guarantees that every record in
+        the log is reflected in ``live`` and that no append runs meanwhile. Raises ``StoreError`` if it
+        fails (the old log is then untouched and stays in use)."""
+        path, tmp = self.config.log_path, self.config.compact_path
+        with self._lock:
+            if self._fd is None:
+                raise StoreClosedError("the embedded log is closed")
+            started = time.perf_counter()
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    size, batch = 0, []
+                    for record in live:
+                        batch.append(encode_frame(encode_record(record)))
+                        if len(batch) >= 256:
+                            _write_all(fd, b"".join(batch))
+                            size += sum(map(len, batch))
+                            batch = []
+                    _write_all(fd, b"".join(batch))
+                    size += sum(map(len, batch))
+                    if self.config.fsync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, path)
+                if self.config.fsync:
+                    self._fsync_dir()
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                self.last_error = f"compaction failed: {exc}"
+                log.warning("store log %s: %s", path, self.last_error)
+                raise StoreError(self.last_error) from exc
+            old, self._fd = self._fd, os.open(path, os.O_WRONLY | os.O_APPEND)
+            os.close(old)
+            dropped = self.records - len(live)
+            log.info("store log %s compacted: %d records -> %d (%d bytes -> %d) in %.2f s", path,
+                     self.records, len(live), self._size, size, time.perf_counter() - started)
+            self.compactions += 1
+            self.compacted_records += max(dropped, 0)
+            self.records, self._size = len(live), size
 
     def replay(self, apply: ApplyFn) -> int:
         """Apply every valid record in file order; skip and report damage (module docstring)."""
@@ -224,6 +309,7 @@ class EmbeddedLog:
                     pos = end
             self._size = size
             self.replayed += count
+            self.records = count
             return count
 
     @staticmethod
@@ -277,6 +363,9 @@ class EmbeddedLog:
             "skipped_bytes": self.skipped_bytes,
             "truncated_bytes": self.truncated_bytes,
             "log_bytes": self._size,
+            "log_records": self.records,
+            "compactions": self.compactions,
+            "compacted_records": self.compacted_records,
             "path": str(self.config.log_path),
         }
 

@@ -47,7 +47,26 @@ Records from all replicas, its own included, go to ``apply``; ``StoreState.apply
 id, so the effect is exactly once even though a retried XADD may leave a duplicate entry in the
 stream.
 
-Needs Redis >= 6.2 (exclusive XRANGE bounds). redis-py runs with its own retries off: this module
+Compaction of the documents stream. Replacing a document leaves its old entry in the stream, so under
+churn the stream (and every later replica's replay) grows without bound while the live state does not.
+When the stream holds at least ``compact_min_records`` entries and more than ``compact_ratio`` times
+the live document records, a replica writes a snapshot and trims the stream behind it:
+
+- the snapshot is ``StoreState.live_records`` (documents only) taken after the replica has applied
+  every entry up to its cursor ``cut``, so it covers every entry <= ``cut``;
+- one Lua script (atomic) stores it in the hash ``{prefix}{log}:snapshot`` (``cut``, ``chunks``,
+  ``data:i``: encoded record frames) and runs ``XTRIM MINID cut``, and does neither when a snapshot
+  with a newer cut is there already (two replicas compacting at once);
+- a replica starting later loads the snapshot, then reads the stream after ``cut``; a replica that
+  reads from a cursor older than the snapshot's cut (lagging, back from an outage, or racing a
+  compaction during its replay) sees it when it checks the cut after each read, and applies the
+  snapshot before going on. Applying is idempotent and order-independent (``state.py``), so a snapshot
+  applied over a state that has some of its records, or newer ones, converges all the same.
+
+Records buffered during an outage are written later with new (newer) entry ids, so a trim never
+removes them. The outputs stream is not compacted: it is capped (``stream_maxlen``), as a cache.
+
+Needs Redis >= 6.2 (exclusive XRANGE bounds, XTRIM MINID). redis-py runs with its own retries off: this module
 retries with backoff off the request path instead.
 """
 
@@ -58,7 +77,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +87,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .base import AppendAck, ApplyFn, BufferFullError, StoreClosedError
+from .embedded import encode_frame, read_frame
 from .records import AppendOutput, Record, RecordError, decode_record, encode_record
 from .spill import SpillDir, TakenOver
 
@@ -77,6 +97,34 @@ log = logging.getLogger(__name__)
 
 _FIELD = b"r"
 _FLUSH_BATCH = 256
+_SNAPSHOT_CHUNK = 64 * 2**20  # bytes per hash field of the snapshot (Redis values stop at 512 MB)
+
+# KEYS: snapshot hash, documents stream. ARGV: cut (an entry id), then the snapshot's chunks.
+# Stores the snapshot and trims the stream behind it, unless a snapshot with a newer cut exists.
+_COMPACT_LUA = """
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local cur = redis.call('HGET', KEYS[1], 'cut')
+if cur then
+  local am, as = parse(ARGV[1])
+  local bm, bs = parse(cur)
+  if am < bm or (am == bm and as <= bs) then return 0 end
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'cut', ARGV[1], 'chunks', #ARGV - 1)
+for i = 2, #ARGV do
+  redis.call('HSET', KEYS[1], 'data:' .. (i - 2), ARGV[i])
+end
+redis.call('XTRIM', KEYS[2], 'MINID', ARGV[1])
+return 1
+"""
+
+
+def _entry_key(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
 
 
 @dataclass(frozen=True)
@@ -94,6 +142,9 @@ class RedisConfig:
     page_size: int = 500  # entries per XRANGE / XREAD round trip
     backoff_initial: float = 0.05  # reconnect backoff, doubled per failure up to backoff_max
     backoff_max: float = 2.0
+    compact_min_records: int = 10_000  # no compaction of the documents stream below this many entries
+    compact_ratio: float = 2.0  # compact when it holds more than ratio x the live records; 0: never
+    compact_check_s: float = 1.0  # at most one length check (XLEN) per this many seconds
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
@@ -113,6 +164,9 @@ class RedisConfig:
             raise ValueError("block_ms and page_size must be >= 1")
         if not 0 < self.backoff_initial <= self.backoff_max:
             raise ValueError("need 0 < backoff_initial <= backoff_max")
+        if self.compact_min_records < 1 or not (self.compact_ratio == 0 or self.compact_ratio > 1):
+            raise ValueError(f"need compact_min_records >= 1 and compact_ratio 0 (off) or > 1, got "
+                             f"{self.compact_min_records} and {self.compact_ratio}")
 
     @property
     def documents_key(self) -> str:
@@ -121,6 +175,10 @@ class RedisConfig:
     @property
     def outputs_key(self) -> str:
         return f"{self.key_prefix}{{log}}:outputs"
+
+    @property
+    def snapshot_key(self) -> str:
+        return f"{self.key_prefix}{{log}}:snapshot"
 
 
 class RedisLog:
@@ -138,7 +196,14 @@ class RedisLog:
         self._writer = redis.Redis(connection_pool=self._write_pool)
         self._reader = redis.Redis(connection_pool=self._read_pool)
         self._keys = (config.documents_key, config.outputs_key)
-        self._cursor = dict.fromkeys(self._keys, b"0-0")  # last entry id applied per stream
+        self._cursor = dict.fromkeys(self._keys, b"0-0")  # last entry id read per stream
+        self._applied_cursor = b"0-0"  # documents: every entry up to it is applied (compaction's cut)
+        self._snapshot_source: Callable[..., list[Record]] | None = None
+        self._live_count: Callable[..., int] = lambda **_: 0
+        self._compact_script = self._writer.register_script(_COMPACT_LUA)
+        self._last_compact_check = 0.0
+        self.compactions = 0  # snapshots this replica wrote
+        self.snapshots_loaded = 0
 
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the flusher waits on it
@@ -295,21 +360,25 @@ class RedisLog:
     # ---- replay and follow ------------------------------------------------------------------
 
     def replay(self, apply: ApplyFn) -> int:
-        """Take over spill files (their records are applied and buffered for Redis), then XRANGE both
-        streams in pages from the start. If Redis is unreachable, report degraded and return what was
-        read: the follower resumes from the same cursor when Redis returns."""
+        """Take over spill files (their records are applied and buffered for Redis), then load the
+        documents' snapshot and XRANGE both streams in pages from the start (the documents stream
+        after the snapshot's cut). If Redis is unreachable, report degraded and return what was read:
+        the follower resumes from the same cursor when Redis returns."""
         count = self._take_over_spills(apply)
         try:
+            count += self._load_snapshot(apply)
             for key in self._keys:
-                start: bytes = b"-"
                 while True:
+                    before = self._cursor[key]
+                    start = b"-" if before == b"0-0" else b"(" + before
                     entries: Any = self._reader.xrange(key, min=start, max="+", count=self.config.page_size)
                     for entry_id, fields in entries:
                         self._deliver(apply, key, entry_id, fields)
                     count += len(entries)
+                    if key == self.config.documents_key:
+                        count += self._check_snapshot(apply, before)
                     if len(entries) < self.config.page_size:
                         break
-                    start = b"(" + self._cursor[key]
         except redis.RedisError as exc:
             self._read_failed(exc)
             return count
@@ -318,6 +387,79 @@ class RedisLog:
             self._read_ok = True
             self._synced = True
         return count
+
+    # ---- compaction (module docstring) --------------------------------------------------------
+
+    def set_snapshot_source(self, live_records: Callable[..., list[Record]],
+                            live_count: Callable[..., int]) -> None:
+        """``StoreState.live_records`` and ``live_count``: what a compaction snapshots, and how many
+        records that is (both called with ``outputs=False``)."""
+        self._snapshot_source = live_records
+        self._live_count = live_count
+
+    def _check_snapshot(self, apply: ApplyFn, read_from: bytes) -> int:
+        """After a read from ``read_from``: when a snapshot's cut is newer, the stream may have been
+        trimmed under the read; apply the snapshot. Returns the records applied."""
+        cut: Any = self._reader.hget(self.config.snapshot_key, "cut")
+        if cut is None or _entry_key(cut) <= _entry_key(read_from):
+            return 0
+        return self._load_snapshot(apply)
+
+    def _load_snapshot(self, apply: ApplyFn) -> int:
+        """Apply the documents' snapshot, if any, and move the documents cursor up to its cut."""
+        snap: Any = self._reader.hgetall(self.config.snapshot_key)
+        if not snap or b"cut" not in snap:
+            return 0
+        cut: bytes = snap[b"cut"]
+        data = b"".join(snap.get(f"data:{i}".encode(), b"") for i in range(int(snap.get(b"chunks", 0))))
+        count, pos = 0, 0
+        while pos < len(data):
+            try:
+                record, pos = read_frame(data, pos)
+            except RecordError as exc:  # cannot happen short of a bug or a hand-edited key
+                self.corrupt_records += 1
+                self.last_error = f"snapshot {cut.decode()} damaged at byte {pos}: {exc}"
+                log.error("store %s", self.last_error)
+                break
+            try:
+                apply(record)
+            except Exception:
+                self.apply_errors += 1
+                log.exception("applying a snapshot record failed")
+            count += 1
+        key = self.config.documents_key
+        if _entry_key(cut) > _entry_key(self._cursor[key]):
+            self._cursor[key] = cut
+        if _entry_key(cut) > _entry_key(self._applied_cursor):
+            self._applied_cursor = cut
+        self.snapshots_loaded += 1
+        log.info("store: applied the documents snapshot at %s (%d records)", cut.decode(), count)
+        return count
+
+    def _maybe_compact(self) -> None:
+        """From the follower: snapshot and trim the documents stream when it is due."""
+        cfg = self.config
+        now = time.monotonic()
+        if (not cfg.compact_ratio or self._snapshot_source is None
+                or now - self._last_compact_check < cfg.compact_check_s):
+            return
+        self._last_compact_check = now
+        cut = self._applied_cursor  # read before the snapshot: every entry up to it is in the state
+        length: Any = self._reader.xlen(cfg.documents_key)
+        if length < cfg.compact_min_records or cut == b"0-0":
+            return
+        if length <= cfg.compact_ratio * self._live_count(outputs=False):
+            return
+        records = self._snapshot_source(outputs=False)
+        data = b"".join(encode_frame(encode_record(r)) for r in records)
+        chunks = [data[i:i + _SNAPSHOT_CHUNK] for i in range(0, len(data), _SNAPSHOT_CHUNK)] or [b""]
+        started = time.perf_counter()
+        done = self._compact_script(keys=[cfg.snapshot_key, cfg.documents_key], args=[cut, *chunks])
+        if done:
+            self.compactions += 1
+            log.info("store: documents stream compacted at %s: %d entries -> snapshot of %d records "
+                     "(%d bytes) in %.2f s", cut.decode(), length, len(records), len(data),
+                     time.perf_counter() - started)
 
     def _take_over_spills(self, apply: ApplyFn) -> int:
         """Records a replica spilled at a graceful stop during an outage: acknowledged, so applied
@@ -365,6 +507,8 @@ class RedisLog:
             self.apply_errors += 1
             self.last_error = f"applying entry {entry_id.decode()} of {key} failed: {exc!r}"
             log.exception("store stream: applying %s failed", entry_id.decode())
+        if key == self.config.documents_key:
+            self._applied_cursor = entry_id  # after apply: what a compaction may cut at
 
     def _read_failed(self, exc: Exception) -> None:
         with self._lock:
@@ -386,22 +530,24 @@ class RedisLog:
     def _follow_loop(self, apply: ApplyFn) -> None:
         backoff = self.config.backoff_initial
         while not self._stop.is_set():
+            full = False
             try:
                 streams: Any = dict(self._cursor)
                 resp: Any = self._reader.xread(streams, count=self.config.page_size,
                                                block=self.config.block_ms)
+                for key, entries in resp.items() if isinstance(resp, dict) else (resp or []):  # RESP3 / RESP2
+                    key_str = key.decode() if isinstance(key, bytes) else key
+                    for entry_id, fields in entries:
+                        self._deliver(apply, key_str, entry_id, fields)
+                    full |= len(entries) >= self.config.page_size
+                self._check_snapshot(apply, streams[self.config.documents_key])
+                self._maybe_compact()
             except redis.RedisError as exc:
                 self._read_failed(exc)
                 self._stop.wait(backoff)
                 backoff = min(2 * backoff, self.config.backoff_max)
                 continue
             backoff = self.config.backoff_initial
-            full = False
-            for key, entries in resp.items() if isinstance(resp, dict) else (resp or []):  # RESP3 / RESP2
-                key_str = key.decode() if isinstance(key, bytes) else key
-                for entry_id, fields in entries:
-                    self._deliver(apply, key_str, entry_id, fields)
-                full |= len(entries) >= self.config.page_size
             with self._lock:
                 if not self._read_ok:
                     log.warning("redis reads recovered")
@@ -442,6 +588,8 @@ class RedisLog:
                 "apply_errors": self.apply_errors,
                 "outages": self.outages,
                 "spilled": self.spilled,
+                "compactions": self.compactions,
+                "snapshots_loaded": self.snapshots_loaded,
                 "recovered_from_spill": self.recovered,
                 "streams": list(self._keys),
             }

@@ -16,9 +16,15 @@ writes ``delete_collection(c)`` at stamp 7. A applies 5 then 7 (d1 removed); B a
 (the add is older than the delete: ignored). Both end without d1. Had A's add been at stamp 9, both
 would keep d1 and the collection. Tombstones (delete stamps) are kept so a late, older add stays dead.
 
-Idempotence: ``apply`` remembers every record id; a record seen before has no effect. (Ids of
-evicted outputs are forgotten to bound memory; such an output, re-applied, is older than every kept
-output and is dropped on arrival, so it still has no effect.)
+Idempotence: ``apply`` remembers the ids of the records the state still holds (live documents, the
+newest delete of each document and collection, each collection's newest add, kept outputs); such a
+record applied again has no effect. Every other record was superseded by one the state holds, so
+applying it again is dropped by last-writer-wins: it still has no effect. The memory is so bounded by
+the live state, not by the log's length, however often documents are replaced.
+
+Compaction: ``live_records()`` lists exactly the records the state holds. Applying them alone, in any
+order, to an empty state gives the same state (same ``digest()``), so a log may be replaced by them
+plus the records appended after they were taken (``embedded.py``, ``redis_backend.py``).
 
 Listener hooks fire after each visible change, in apply order, serialized (never concurrently):
 
@@ -95,13 +101,24 @@ def _stamp(record: Record) -> Stamp:
     return (record.stamp, record.record_id)
 
 
+def _same(a: Record | None, b: Record | None) -> bool:
+    """The same record (by id: a record delivered twice is two objects)."""
+    return a is not None and b is not None and a.record_id == b.record_id
+
+
 @dataclass
 class _Collection:
     deleted: Stamp = _NEVER  # newest delete-collection
+    deleted_record: DeleteCollection | None = None  # the record of ``deleted``
     last_add: Stamp = _NEVER  # newest add of any document, live or not
+    last_add_record: AddDocument | None = None  # the record of ``last_add`` (keeps ``exists`` on replay)
     docs: dict[str, AddDocument] = field(default_factory=dict)  # live documents
-    tombstones: dict[str, Stamp] = field(default_factory=dict)  # newest delete per doc id
+    tombstones: dict[str, DeleteDocument] = field(default_factory=dict)  # newest delete per doc id
     token_count: int = 0
+
+    def tombstone(self, doc_id: str) -> Stamp:
+        t = self.tombstones.get(doc_id)
+        return _NEVER if t is None else _stamp(t)
 
     @property
     def exists(self) -> bool:
@@ -212,9 +229,16 @@ class StoreState:
                 self._emit(self._listeners, events)
             return True
 
+    def _forget(self, record: Record | None) -> None:
+        """``record`` is no longer held by the state (superseded): forget its id. Applied again, it is
+        dropped by last-writer-wins, so it still has no effect (module docstring)."""
+        if record is not None:
+            self._applied.discard(record.record_id)
+
     def _append_output(self, ns: _Namespace, r: AppendOutput) -> list[_Event]:
         s, limit = _stamp(r), self._output_limit
         if limit is not None and len(ns.outputs) >= limit and s < ns.outputs[0][0]:
+            self._forget(r)
             return []  # older than every kept output: it would be evicted at once
         bisect.insort(ns.outputs, (s, r.tokens), key=lambda e: e[0])
         ns.output_tokens += len(r.tokens)
@@ -232,13 +256,21 @@ class StoreState:
     def _add(self, ns: _Namespace, r: AddDocument) -> list[_Event]:
         s = _stamp(r)
         coll = ns.collections.setdefault(r.collection, _Collection())
-        coll.last_add = max(coll.last_add, s)
+        if s > coll.last_add:
+            previous = coll.last_add_record
+            coll.last_add, coll.last_add_record = s, r
+            if previous is not None and not _same(coll.docs.get(previous.doc_id), previous):
+                self._forget(previous)  # held only as the collection's newest add
         old = coll.docs.get(r.doc_id)
-        if s < coll.deleted or s < coll.tombstones.get(r.doc_id, _NEVER) or (old and s < _stamp(old)):
+        if s < coll.deleted or s < coll.tombstone(r.doc_id) or (old and s < _stamp(old)):
+            if not _same(coll.last_add_record, r):
+                self._forget(r)
             return []  # an older write than what this replica already has: last writer wins
         events: list[_Event] = []
         if old is not None:
             coll.token_count -= len(old.tokens)
+            if not _same(coll.last_add_record, old):
+                self._forget(old)
             events.append(("on_document_deleted", (r.namespace, r.collection, r.doc_id)))
         coll.docs[r.doc_id] = r
         coll.token_count += len(r.tokens)
@@ -248,29 +280,76 @@ class StoreState:
     def _delete_doc(self, ns: _Namespace, r: DeleteDocument) -> list[_Event]:
         s = _stamp(r)
         coll = ns.collections.setdefault(r.collection, _Collection())
-        coll.tombstones[r.doc_id] = max(coll.tombstones.get(r.doc_id, _NEVER), s)
+        previous = coll.tombstones.get(r.doc_id)
+        if previous is None or s > _stamp(previous):
+            coll.tombstones[r.doc_id] = r
+            self._forget(previous)
+        else:
+            self._forget(r)
         old = coll.docs.get(r.doc_id)
         if old is None or _stamp(old) > s:
             return []
         del coll.docs[r.doc_id]
         coll.token_count -= len(old.tokens)
+        if not _same(coll.last_add_record, old):
+            self._forget(old)
         return [("on_document_deleted", (r.namespace, r.collection, r.doc_id))]
 
     def _delete_collection(self, ns: _Namespace, r: DeleteCollection) -> list[_Event]:
         s = _stamp(r)
         coll = ns.collections.setdefault(r.collection, _Collection())
         if s < coll.deleted:
+            self._forget(r)
             return []
         existed = coll.exists
-        coll.deleted = s
+        self._forget(coll.deleted_record)
+        coll.deleted, coll.deleted_record = s, r
         removed = [doc_id for doc_id, doc in coll.docs.items() if _stamp(doc) < s]
         for doc_id in removed:
-            coll.token_count -= len(coll.docs.pop(doc_id).tokens)
+            doc = coll.docs.pop(doc_id)
+            coll.token_count -= len(doc.tokens)
+            if not _same(coll.last_add_record, doc):
+                self._forget(doc)
         # Document tombstones older than the collection delete are subsumed by it.
-        coll.tombstones = {d: t for d, t in coll.tombstones.items() if t > s}
+        for tomb in [t for t in coll.tombstones.values() if _stamp(t) < s]:
+            del coll.tombstones[tomb.doc_id]
+            self._forget(tomb)
+        if coll.last_add_record is not None and coll.last_add < s:
+            # Older than the delete: the delete alone keeps the collection gone on replay.
+            if not _same(coll.docs.get(coll.last_add_record.doc_id), coll.last_add_record):
+                self._forget(coll.last_add_record)
+            coll.last_add_record = None
         if existed and not coll.exists:
             return [("on_collection_deleted", (r.namespace, r.collection))]
         return [("on_document_deleted", (r.namespace, r.collection, d)) for d in removed]
+
+    # ---- compaction --------------------------------------------------------------------------
+
+    def live_count(self, *, outputs: bool = True) -> int:
+        """How many records ``live_records(outputs=...)`` would list (cheap: no list is built)."""
+        with self._lock:
+            if outputs:
+                return len(self._applied)
+            return len(self._applied) - sum(len(ns.outputs) for ns in self._namespaces.values())
+
+    def live_records(self, *, outputs: bool = True) -> list[Record]:
+        """The records the state holds (see Compaction in the module docstring), documents' first;
+        with ``outputs=False`` only the documents' (add/delete document, delete collection)."""
+        with self._apply_lock, self._lock:
+            records: list[Record] = []
+            for ns in self._namespaces.values():
+                for coll in ns.collections.values():
+                    held: dict[str, Record] = {}
+                    for rec in (coll.deleted_record, coll.last_add_record, *coll.docs.values(),
+                                *coll.tombstones.values()):
+                        if rec is not None:
+                            held[rec.record_id] = rec
+                    records += held.values()
+            if outputs:
+                for ns_name, ns in self._namespaces.items():
+                    records += [AppendOutput(ns_name, tokens, record_id=rid, stamp=stamp)
+                                for (stamp, rid), tokens in ns.outputs]
+            return records
 
     # ---- queries (each namespace sees only its own data) -----------------------------------
 
