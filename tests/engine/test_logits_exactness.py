@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from scripted import ScriptedDrafting
 
-from lookupspec.adaptive import BudgetPolicy
+from lookupspec.cost import BudgetPolicy
 from lookupspec.constraints import GrammarCompiler, GrammarSpec
 from lookupspec.engine import Engine
 from lookupspec.logits import LogitsParams
