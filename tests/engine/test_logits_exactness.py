@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from scripted import ScriptedDrafting
 
-from lookupspec.cost import BudgetPolicy
 from lookupspec.constraints import GrammarCompiler, GrammarSpec
+from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.logits import LogitsParams
 from lookupspec.params import GenerationParams, SpecParams
