@@ -271,7 +271,7 @@ def _message_dict(message: BaseMessage) -> dict[str, Any]:
         role = "tool"
         extra["tool_call_id"] = message.tool_call_id
     else:
-        raise ValueError(f"ChatLookupspec accepts system, human, AI and chat messages, not "
+        raise ValueError(f"ChatLookupspec accepts system, human, AI, tool and chat messages, not "
                          f"{type(message).__name__}")
     if isinstance(message.content, str):
         return {"role": role, "content": message.content, **extra}
