@@ -2,10 +2,11 @@
 
 Requests follow OpenAI's field names and types, strictly: ``"stream": "yes"`` or ``"max_tokens": true``
 is a 400, not coerced. ``null`` for an optional field means its default (OpenAI's schema allows it).
-OpenAI fields that ask for behaviour this server does not have (``tools``, a non-text
-``response_format``, ``logit_bias``, ``logprobs``, ``echo``, ``best_of`` > 1, penalties, ...) are
-declared here so that a request that *uses* one gets a 400 naming it, while their default or empty
-values, which clients send routinely, are accepted. Fields we do not know at all are accepted
+OpenAI fields that ask for behaviour this server does not have (``echo``, ``best_of`` > 1, audio, ...)
+are declared here so that a request that *uses* one gets a 400 naming it, while their default or
+empty values, which clients send routinely, are accepted. Structured outputs (``response_format``),
+tools, log-probabilities, penalties, ``logit_bias`` and ``min_tokens`` are served
+(``docs/structured-outputs.md``). Fields we do not know at all are accepted
 (``extra="allow"``) and logged by the routes. Two extensions: the request's ``lookup`` object (what
 this request may draft from) and the response's ``speculation`` object (how drafting went).
 """
@@ -64,8 +65,11 @@ __all__ = [
     "ModelCard",
     "ModelList",
     "ResponseFormat",
+    "ResponseFormatSchema",
     "Speculation",
     "StreamOptions",
+    "Tool",
+    "ToolCall",
     "Usage",
     "metadata_depth",
 ]
@@ -163,13 +167,26 @@ def _unsupported(what: str, allowed: Callable[[Any], bool], accepted: str) -> An
     return AfterValidator(check)
 
 
-def _zero(value: Any) -> bool:
-    return value == 0
+Penalty = Annotated[float | None, Field(default=None, strict=True, ge=-2.0, le=2.0, description="null: 0")]
 
 
-_NoPenalty = Annotated[float | None, Field(default=None, strict=True, ge=-2.0, le=2.0,
-                                           json_schema_extra={"minimum": 0, "maximum": 0}),
-                       _unsupported("a penalty other than 0", _zero, "0")]
+class ResponseFormatSchema(BaseModel):
+    """``response_format.json_schema``: OpenAI's shape (``name``, ``schema``, ``strict``)."""
+
+    model_config = _OPEN
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema",
+                                           description="the JSON schema the output must validate against")
+    strict: bool | None = Field(default=None, strict=True, description="null: false")
+
+
+class ResponseFormat(BaseModel):
+    """``text`` (default), ``json_object`` (any JSON object) or ``json_schema``."""
+
+    model_config = _OPEN
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: ResponseFormatSchema | None = None
 
 
 class _GenerationFields(_NullIsDefault):
@@ -190,11 +207,15 @@ class _GenerationFields(_NullIsDefault):
     stream_options: StreamOptions | None = None
     user: Text | None = None
     lookup: LookupOptions | None = None
-    # OpenAI fields for behaviour this server does not have: only their neutral values are accepted.
-    logit_bias: Annotated[dict[str, Any] | None, Field(default=None, json_schema_extra={"maxProperties": 0}),
-                          _unsupported("logit_bias", lambda v: not v, "{}")]
-    frequency_penalty: _NoPenalty
-    presence_penalty: _NoPenalty
+    logit_bias: dict[str, float] | None = Field(
+        default=None, description="token id (as a string) -> bias in [-100, 100] added to its logit")
+    frequency_penalty: Penalty = None
+    presence_penalty: Penalty = None
+    repetition_penalty: float | None = Field(default=None, strict=True, gt=0.0, le=2.0,
+                                             description="vLLM's extension; null: 1 (off)")
+    min_tokens: int | None = Field(default=None, ge=0, le=2**31 - 1, strict=True,
+                                   description="vLLM's extension: end tokens refused before this many")
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_GenerationFields):
@@ -207,10 +228,8 @@ class CompletionRequest(_GenerationFields):
     best_of: Annotated[int | None, Field(default=None, strict=True, ge=1, le=2**31 - 1,
                                          json_schema_extra={"maximum": 1}),
                        _unsupported("best_of > 1", lambda v: v <= 1, "1")]
-    logprobs: Annotated[int | None, Field(default=None, strict=True, ge=0, le=5,
-                                          json_schema_extra={"enum": [None]}),
-                        _unsupported("logprobs (the engine does not report token log-probabilities)",
-                                     lambda v: False, "null")]
+    logprobs: int | None = Field(default=None, strict=True, ge=0, le=20,
+                                 description="the log-probability of each token and this many alternatives")
     suffix: Annotated[str | None, Field(default=None, json_schema_extra={"maxLength": 0}),
                       _unsupported("suffix", lambda v: v == "", '""')]
 
@@ -228,14 +247,27 @@ class ChatMessage(BaseModel):
     name: Text | None = None
 
 
-class ResponseFormat(BaseModel):
+class ToolFunction(BaseModel):
     model_config = _OPEN
-    type: Annotated[str, Field(json_schema_extra={"enum": ["text"]}),
-                    _unsupported("a response_format other than text", lambda v: v == "text",
-                                 '{"type": "text"}')]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="a JSON schema; null: no arguments")
+    strict: bool | None = None
 
 
-def _no_tools(value: Any) -> bool:
+class Tool(BaseModel):
+    model_config = _OPEN
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _OPEN
+    type: Literal["function"]
+    function: dict[str, str]
+
+
+def _no_functions(value: Any) -> bool:
     return value in ("none", "auto")
 
 
@@ -243,24 +275,18 @@ class ChatCompletionRequest(_GenerationFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1, strict=True,
                                               description="preferred over max_tokens")
-    tools: Annotated[list[dict[str, Any]] | None, Field(default=None, json_schema_extra={"maxItems": 0}),
-                     _unsupported("tool calling (tools)", lambda v: not v, "[]")]
-    tool_choice: Annotated[str | dict[str, Any] | None, Field(default=None),
-                           _unsupported("tool calling (tool_choice)", _no_tools, '"none"')]
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        default=None, description='null: "auto" with tools, "none" without')
     parallel_tool_calls: bool | None = Field(default=None, strict=True, description="accepted, unused")
     functions: Annotated[list[dict[str, Any]] | None, Field(default=None, json_schema_extra={"maxItems": 0}),
-                         _unsupported("function calling (functions)", lambda v: not v, "[]")]
+                         _unsupported("function calling (functions); use tools", lambda v: not v, "[]")]
     function_call: Annotated[str | dict[str, Any] | None, Field(default=None),
-                             _unsupported("function calling (function_call)", _no_tools, '"none"')]
-    response_format: ResponseFormat | None = None
-    logprobs: Annotated[bool | None,
-                        Field(default=None, strict=True, json_schema_extra={"enum": [False, None]}),
-                        _unsupported("logprobs (the engine does not report token log-probabilities)",
-                                     lambda v: v is False, "false")]
-    top_logprobs: Annotated[int | None, Field(default=None, strict=True, ge=0, le=20,
-                                              json_schema_extra={"maximum": 0}),
-                            _unsupported("top_logprobs (the engine does not report token log-probabilities)",
-                                         _zero, "0")]
+                             _unsupported("function calling (function_call); use tool_choice", _no_functions,
+                                          '"none"')]
+    logprobs: bool | None = Field(default=None, strict=True, description="null: false")
+    top_logprobs: int | None = Field(default=None, strict=True, ge=0, le=20,
+                                     description="alternatives per token; needs logprobs: true")
     audio: Annotated[dict[str, Any] | None, Field(default=None, json_schema_extra={"type": "null"}),
                      _unsupported("audio output", lambda v: False, "null")]
     modalities: Annotated[list[str] | None, Field(default=None),
@@ -350,13 +376,13 @@ class Speculation(BaseModel):
     source_shares: dict[str, float]
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: FinishReason
 
 
@@ -370,15 +396,27 @@ class CompletionResponse(BaseModel):
     speculation: Speculation
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: FinishReason
 
 
@@ -395,7 +433,7 @@ class ChatCompletionResponse(BaseModel):
 class CompletionChunkChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -414,12 +452,13 @@ class CompletionChunk(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI's streamed shape: index, id, type, function
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: FinishReason | None = None
 
 

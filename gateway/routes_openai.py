@@ -28,7 +28,7 @@ from .protocol import (
     ModelList,
 )
 from .routing import ERRORS, namespace, service_of
-from .streaming import Kind, collect, new_id, sse_events
+from .streaming import Kind, chat_logprobs, collect, completion_logprobs, new_id, sse_events, tool_output
 from .unknown_fields import UnknownFields
 
 __all__ = ["router"]
@@ -88,11 +88,22 @@ async def _generate(request: Request, body: CompletionRequest | ChatCompletionRe
     for index in sorted(done.finished):
         text = "".join(done.texts.get(index, ()))
         finish = done.finished[index].finish_reason
+        entries = done.logprobs.get(index)
         if kind == "chat":
-            choices.append({"index": index, "message": {"role": "assistant", "content": text},
-                            "logprobs": None, "finish_reason": finish})
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if job.tools is not None:
+                content, calls = tool_output(text, job.tools)
+                message = {"role": "assistant", "content": content}
+                if calls:
+                    message["tool_calls"] = calls
+                    finish = "tool_calls"
+            choices.append({"index": index, "message": message,
+                            "logprobs": None if entries is None else chat_logprobs(entries),
+                            "finish_reason": finish})
         else:
-            choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": finish})
+            choices.append({"index": index, "text": text,
+                            "logprobs": None if entries is None else completion_logprobs(entries),
+                            "finish_reason": finish})
     finished = list(done.finished.values())
     return JSONResponse({
         "id": new_id(kind),

@@ -6,6 +6,13 @@ extension, that choice's ``speculation``); with ``stream_options.include_usage``
 ``"usage": null`` and a last chunk has ``"choices": []``, the ``usage`` and the request's
 ``speculation``; an error after the stream began is sent as ``data: {"error": {...}}``; the stream
 always ends with ``data: [DONE]``.
+
+Log-probabilities ride on the chunk of the text they produced (``logprobs.content`` for chat,
+OpenAI's legacy ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset`` for
+completions). A request whose output is read as tool calls (``job.tools``) is held until its choice
+ends: then one delta carries either the calls (``delta.tool_calls``, OpenAI's shape with ``index``,
+``id``, ``type`` and the whole ``function.arguments``) and ``finish_reason: "tool_calls"``, or the
+text as content.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from fastapi import Request
 
 from lookupspec.service.accounting import speculation, usage
 from lookupspec.service.jobs import AsyncTicket, ChoiceFinished, JobDone, JobFailed, TextDelta
+from lookupspec.service.tools import parse_calls
 
-__all__ = ["Collected", "Kind", "collect", "new_id", "sse_events"]
+__all__ = ["Collected", "Kind", "chat_logprobs", "collect", "completion_logprobs", "new_id", "sse_events",
+           "tool_output"]
 
 Kind = Literal["completion", "chat"]
 _DONE = b"data: [DONE]\n\n"
@@ -38,6 +47,33 @@ def new_id(kind: Kind) -> str:
 class Collected:
     texts: dict[int, list[str]] = field(default_factory=dict)
     finished: dict[int, ChoiceFinished] = field(default_factory=dict)
+    logprobs: dict[int, list[Any]] = field(default_factory=dict)  # per choice: TextDelta.logprobs entries
+
+
+def chat_logprobs(entries: list[Any]) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs`` object from TextDelta entries (id, text, logprob, top)."""
+    def one(text: str, lp: float) -> dict[str, Any]:
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [{**one(text, lp), "top_logprobs": [one(t, v) for _, t, v in top]}
+                        for _, text, lp, top in entries]}
+
+
+def completion_logprobs(entries: list[Any], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's legacy completions ``logprobs`` object (``offset``: characters already sent)."""
+    offsets, pos = [], offset
+    for _, text, _, _ in entries:
+        offsets.append(pos)
+        pos += len(text)
+    return {"tokens": [text for _, text, _, _ in entries], "token_logprobs": [lp for _, _, lp, _ in entries],
+            "top_logprobs": [{t: v for _, t, v in top} for _, _, _, top in entries],
+            "text_offset": offsets}
+
+
+def tool_output(text: str, plan: Any) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """(content, tool_calls) of a finished choice whose output is read as tool calls."""
+    content, calls = parse_calls(text, plan)
+    return content, calls or None
 
 
 async def _watch_disconnect(request: Request, ticket: AsyncTicket) -> None:
@@ -58,6 +94,8 @@ async def collect(request: Request, ticket: AsyncTicket) -> Collected:
         async for event in ticket.events():
             if isinstance(event, TextDelta):
                 out.texts.setdefault(event.index, []).append(event.text)
+                if event.logprobs:
+                    out.logprobs.setdefault(event.index, []).extend(event.logprobs)
             elif isinstance(event, ChoiceFinished):
                 out.finished[event.index] = event
             elif isinstance(event, JobFailed):
@@ -88,27 +126,51 @@ async def sse_events(ticket: AsyncTicket, kind: Kind, model: str,
     def chunk(choice: dict[str, Any], **extra: Any) -> bytes:
         return _data({**base, "choices": [choice], **extra})
 
-    def choice(index: int, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+    sent: dict[int, int] = {}  # characters of text sent per choice (completions' text_offset)
+
+    def choice(index: int, text: str | None, finish: str | None, role: bool = False,
+               logprobs: Any = None, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        lp = None
+        if logprobs:
+            lp = (chat_logprobs(list(logprobs)) if kind == "chat"
+                  else completion_logprobs(list(logprobs), sent.get(index, 0)))
+        sent[index] = sent.get(index, 0) + len(text or "")
         if kind == "completion":
-            return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish}
         delta: dict[str, Any] = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if calls:
+            delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+        return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
 
     finished: list[ChoiceFinished] = []
+    tools = ticket.job.tools
+    held: dict[int, list[str]] = {}  # tool-call requests: text held until the choice ends
+    held_lp: dict[int, list[Any]] = {}
     try:
         if kind == "chat":
             for c in ticket.job.choices:
                 yield chunk(choice(c.index, "", None, role=True))
         async for event in ticket.events():
             if isinstance(event, TextDelta):
-                yield chunk(choice(event.index, event.text, None))
+                if tools is not None:
+                    held.setdefault(event.index, []).append(event.text)
+                    held_lp.setdefault(event.index, []).extend(event.logprobs or ())
+                    continue
+                yield chunk(choice(event.index, event.text, None, logprobs=event.logprobs))
             elif isinstance(event, ChoiceFinished):
                 finished.append(event)
-                yield chunk(choice(event.index, None if kind == "chat" else "", event.finish_reason),
+                reason = event.finish_reason
+                if tools is not None:
+                    content, calls = tool_output("".join(held.pop(event.index, [])), tools)
+                    if calls:
+                        reason = "tool_calls"
+                    yield chunk(choice(event.index, content, None, logprobs=held_lp.pop(event.index, None),
+                                       calls=calls))
+                yield chunk(choice(event.index, None if kind == "chat" else "", reason),
                             speculation=speculation([event.stats]))
             elif isinstance(event, JobFailed):
                 yield _data(event.error.body())

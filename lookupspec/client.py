@@ -52,6 +52,7 @@ class Delta:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     speculation: dict[str, Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI's shape, on the last delta of a tool call
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Result:
     seconds: float  # request start to the last token
     first_token_s: float | None  # request start to the first non-empty text
     text_times: list[float] = field(default_factory=list, repr=False)  # request start to each text
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI's shape ("tool_calls" finish reason)
 
     @property
     def tokens_per_second(self) -> float:
@@ -130,7 +132,8 @@ class _Collector:
     def result(self) -> Result:
         last = self.last or Delta("", "length")
         return Result("".join(self.parts), last.finish_reason or "length", dict(last.usage or {}),
-                      dict(last.speculation or {}), time.perf_counter() - self.start, self.first, self.times)
+                      dict(last.speculation or {}), time.perf_counter() - self.start, self.first, self.times,
+                      last.tool_calls)
 
 
 # ---- in-process ---------------------------------------------------------------------------------
@@ -214,23 +217,38 @@ class LocalClient(Client):
 
         service = self._running()
         with _as_client_error():
-            job = plan(service, JobRequest(prompt=request.prompt, messages=request.messages,
-                                           max_tokens=request.max_tokens, temperature=request.temperature,
-                                           top_p=request.top_p, top_k=request.top_k, seed=request.seed,
-                                           stop=request.stop, lookup=request.lookup), _NAMESPACE)
+            job = plan(service, JobRequest(
+                prompt=request.prompt, messages=request.messages, max_tokens=request.max_tokens,
+                temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, seed=request.seed,
+                stop=request.stop, lookup=request.lookup, response_format=request.response_format,
+                tools=request.tools, tool_choice=request.tool_choice, logprobs=request.logprobs,
+                frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
+                repetition_penalty=request.repetition_penalty, logit_bias=request.logit_bias,
+                min_tokens=request.min_tokens), _NAMESPACE)
             ticket = service.submit(job)
         finished: list[Any] = []
+        held: list[str] = []  # a tool-call request's text, read as calls when it ends
         try:
             for event in ticket.events():
                 if isinstance(event, TextDelta):
-                    yield Delta(event.text)
+                    if job.tools is not None:
+                        held.append(event.text)
+                    elif event.text:
+                        yield Delta(event.text)
                 elif isinstance(event, ChoiceFinished):
                     finished.append(event)
                 elif isinstance(event, JobFailed):
                     raise _client_error(event.error)
                 elif isinstance(event, JobDone):
-                    yield Delta("", finished[0].finish_reason, usage(job.prompt_tokens, finished),
-                                speculation([f.stats for f in finished]))
+                    reason, calls, text = finished[0].finish_reason, None, ""
+                    if job.tools is not None:
+                        from lookupspec.service.tools import parse_calls
+
+                        content, found = parse_calls("".join(held), job.tools)
+                        text, calls = content or "", found or None
+                        reason = "tool_calls" if calls else reason
+                    yield Delta(text, reason, usage(job.prompt_tokens, finished),
+                                speculation([f.stats for f in finished]), calls)
         finally:
             ticket.cancel("disconnect")  # a no-op once finished; stops the generation when the caller leaves
 
@@ -433,7 +451,8 @@ class _SSE:
             yield self._last({})
 
     def _last(self, usage: dict[str, Any]) -> Delta:
-        return Delta("", self.state.finish_reason or "length", usage, self.state.speculation or {})
+        return Delta("", self.state.finish_reason or "length", usage, self.state.speculation or {},
+                     self.state.tool_calls or None)
 
 
 def connect(target: Any, *, api_key: str | None = None, model: str | None = None, **kwargs: Any) -> Client:

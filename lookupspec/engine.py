@@ -51,6 +51,7 @@ from lookupspec.config import EngineConfig
 from lookupspec.cost import BudgetPolicy, Costs
 from lookupspec.drafting.base import DraftSessions
 from lookupspec.drafting.policy import Draft, DraftPolicy
+from lookupspec.logits import LogitsProcessor, token_logprobs
 from lookupspec.params import MAX_DRAFT_TOKENS, GenerationParams, LookupScope, SpecParams
 from lookupspec.runtime import ModelRunner, PoolFull, SeqRows, use_runtime_attention
 from lookupspec.runtime.prefix_cache import PrefixCache
@@ -198,6 +199,13 @@ class Engine:
         reserve = min(len(ids) + params.max_tokens + max_draft + 2, self.context_window)
         slot = self._allocate((reserve, len(ids) + max_draft + 2, len(ids) + 1))
         seq = SequenceState(ids, params, spec, sampling, slot, scope=scope, context=list(ids))
+        lp = params.logits
+        if lp.rewrites or lp.logprobs is not None:
+            try:
+                seq.logits = LogitsProcessor(lp, ids, self.vocab_size, params.end_token_ids, self.device)
+            except Exception:
+                self.runner.free(slot)
+                raise
         if self.prefix_cache is not None and namespace is not None and (
                 self.free_chunks or self.prefix_block_size == self.prefill_chunk):
             seq.namespace = namespace
@@ -348,8 +356,16 @@ class Engine:
         """logits: [vocab], the prompt's last row."""
         L = len(seq.prompt)  # the first token lands at position L
         positions = torch.tensor([L], dtype=torch.int64, device=logits.device)
-        token = int(select_tokens(logits[None, :], seq.sampling, positions).item())
+        rows = logits[None, :]
+        raw = None
+        if seq.logits is not None:  # a copy: a fork's parent keeps its prompt row unprocessed
+            seq.unpruned, seq.tree_masks = Draft(), seq.logits.prune([], [])
+            raw, rows = rows, rows.float().clone()
+            seq.logits.apply(rows, [], [], seq.tree_masks)
+        token = int(select_tokens(rows, seq.sampling, positions).item())
         kept, reason = finish_tokens([token], 0, seq.params, self.context_window - L)
+        if seq.logits is not None:
+            return self._emit_processed(seq, Draft(), (), kept, reason, raw, 0.0, True)
         return self._emit(seq, kept, reason, 0, 0)
 
     def _emit(self, seq: SequenceState, kept: list[int], reason: str | None, drafted: int,
@@ -376,6 +392,8 @@ class Engine:
         run: list[int] = []
         for i, (s, draft) in enumerate(zip(seqs, chosen, strict=True)):
             L = s.cache_len
+            if s.logits is not None:
+                draft = self._prune(s, draft)
             if len(draft) and not self.runner.reserve(s.slot, L + 1 + len(draft)):
                 draft = Draft(draft_s=draft.draft_s)  # no room for the draft: a plain step
             if not self.runner.reserve(s.slot, L + 1):
@@ -386,6 +404,45 @@ class Engine:
             drafts.append(draft)
             run.append(i)
         return drafts, run, outputs
+
+    def _prune(self, seq: SequenceState, draft: Draft) -> Draft:
+        """A processed sequence's draft, without the nodes its grammar forbids along their paths
+        (pruned before the forward: they would cost rows and could never be accepted). A sampled
+        draft-model chain is verified by sample-and-match instead of rejection sampling (exact per
+        seed for any draft; rejection sampling would need the processed target distribution)."""
+        seq.unpruned = draft
+        masks = seq.tree_masks = seq.logits.prune(draft.tokens, draft.parents)  # type: ignore[union-attr]
+        if masks is None or len(masks.kept) == len(draft):
+            return draft if draft.probs is None else Draft(draft.tokens, draft.parents, draft.sources, None,
+                                                          draft.draft_s, draft.tree)
+        kept = masks.kept
+        where = {old: new for new, old in enumerate(kept)}
+        return Draft([draft.tokens[i] for i in kept], [-1 if draft.parents[i] < 0 else where[draft.parents[i]]
+                                                       for i in kept],
+                     [draft.sources[i] for i in kept], None, draft.draft_s, None)
+
+    def _process(self, seqs: Sequence[SequenceState], drafts: list[Draft], order: list[int],
+                 logits: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Rewrite the step's rows of every processed sequence in place (grammar masks, penalties,
+        logit bias, min_tokens: ``lookupspec.logits``) before verification; returns, for those that
+        asked for log-probabilities, a copy of their rows as the target gave them. logits:
+        [step rows, vocab], the sequences of ``order`` one after another."""
+        raws: dict[int, torch.Tensor] = {}
+        row = 0
+        for i in order:
+            n = len(drafts[i]) + 1
+            s = seqs[i]
+            if s.logits is not None:
+                block = logits[row:row + n]
+                if s.params.logits.logprobs is not None:
+                    raws[i] = block.clone()
+                if s.params.logits.rewrites:
+                    work = block.float()
+                    s.logits.apply(work, drafts[i].tokens, drafts[i].parents, s.tree_masks)
+                    if work.data_ptr() != block.data_ptr():
+                        block.copy_(work)
+            row += n
+        return raws
 
     def _run(self, seqs: Sequence[SequenceState], drafts: list[Draft], run: list[int],
              outputs: dict[int, StepOutput], chunks: Sequence[tuple[int, SequenceState, int, int]],
@@ -429,6 +486,9 @@ class Engine:
         stage.upload()  # the iteration's one host-to-device copy
         logits = self.runner.run(batch, None if keep is None else keep.tensor)  # [kept rows, vocab]
         results = []
+        raws: dict[int, torch.Tensor] = {}
+        if any(seqs[i].logits is not None for i in order):
+            raws = self._process(seqs, drafts, order, logits[:n_step])
         if order:
             joined = self._verify(seqs, drafts, groups, logits[:n_step])
             if plan is not None:
@@ -451,7 +511,7 @@ class Engine:
         elif order:  # only a step's own forward says what steps cost
             self.costs.steps.observe(step_rows, contexts, seconds)
         for j, i in enumerate(order):
-            outputs[i] = self._advance(seqs[i], drafts[i], results[j], decode_s)
+            outputs[i] = self._advance(seqs[i], drafts[i], results[j], decode_s, raws.get(i))
         return seconds, decode_s, [logits[n_step + k] for k in range(len(chunks))]
 
     def _verify(self, seqs: Sequence[SequenceState], drafts: list[Draft],
@@ -482,10 +542,13 @@ class Engine:
                                          torch.cat([o.next_token for o in outs]),
                                          torch.cat([o.recovered for o in outs]))
 
-    def _advance(self, seq: SequenceState, draft: Draft, result: VerifyResult, step_s: float) -> StepOutput:
+    def _advance(self, seq: SequenceState, draft: Draft, result: VerifyResult, step_s: float,
+                 raw: torch.Tensor | None = None) -> StepOutput:
         L = seq.cache_len
         new = [draft.tokens[i] for i in result.accepted] + [result.next_token]
         kept, reason = finish_tokens(new, seq.generated, seq.params, self.context_window - L - 1)
+        if seq.logits is not None:
+            return self._emit_processed(seq, draft, result.accepted, kept, reason, raw, step_s, False)
         accepted = result.num_accepted
         src_draft: dict[str, int] = {}
         for src in draft.sources:
@@ -497,6 +560,45 @@ class Engine:
                           source_accepted=src_acc, draft_s=draft.draft_s, verify_s=step_s)
         self.drafting.observe(seq.session, draft, result.accepted)
         return self._emit(seq, kept, reason, len(draft), accepted)
+
+    def _emit_processed(self, seq: SequenceState, draft: Draft, accepted: Sequence[int], kept: list[int],
+                        reason: str | None, raw: torch.Tensor | None, step_s: float,
+                        first: bool) -> StepOutput:
+        """``_advance``/``_first_token`` for a processed sequence: a grammar that dead-ends on the
+        emitted path ends this request alone (``finish_reason="error"``); the drafters learn from the
+        draft they proposed (before pruning); the log-probabilities come from the verifying rows."""
+        masks = seq.tree_masks
+        unpruned = seq.unpruned if seq.unpruned is not None else draft
+        seq.unpruned = seq.tree_masks = None
+        error = None
+        assert seq.logits is not None
+        took = seq.logits.commit(kept)
+        if took < len(kept):  # a row where every token was refused chose a refused one
+            kept, reason = kept[:took], "error"
+            error = ("the output's grammar allows no token here (its schema dead-ends, or min_tokens "
+                     "refuses the end of a completed output): generation stopped")
+        rows = [0, *[a + 1 for a in accepted]][:len(kept)]  # the row that chose each emitted token
+        lps = None
+        k = seq.params.logits.logprobs
+        if k is not None and raw is not None:
+            lps = tuple(token_logprobs(raw, rows, kept, k))
+        if not first:  # a step (the first token comes from the prefill: no step to record)
+            kept_nodes = masks.kept if masks is not None else tuple(range(len(draft)))
+            src_draft: dict[str, int] = {}
+            for src in draft.sources:
+                src_draft[src] = src_draft.get(src, 0) + 1
+            src_acc: dict[str, int] = {}
+            for node in accepted:
+                src_acc[draft.sources[node]] = src_acc.get(draft.sources[node], 0) + 1
+            seq.stats.observe(draft=len(draft), accepted=len(accepted), emitted=len(kept),
+                              source_draft=src_draft, source_accepted=src_acc, draft_s=draft.draft_s,
+                              verify_s=step_s)
+            self.drafting.observe(seq.session, unpruned, tuple(kept_nodes[a] for a in accepted))
+        if error is not None:
+            seq.error = error
+        out = self._emit(seq, kept, reason, len(draft), len(accepted))
+        return StepOutput(out.tokens, out.finish_reason, out.draft_tokens, out.accepted_tokens, out.stats,
+                          lps, error)
 
     # ---------------------------------------------------------------------------------- generate
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lookupspec.logits import LogitsParams
 from lookupspec.sampling import SamplingParams
 
 __all__ = ["ALL_SOURCES", "LOOKUP_SOURCES", "MAX_DRAFT_TOKENS", "GenerationParams", "LookupScope",
@@ -27,10 +28,15 @@ class GenerationParams:
     stop_token_ids: tuple[int, ...] = ()
     eos_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # grammar, penalties, logit bias, min_tokens, log-probabilities (lookupspec.logits)
+    logits: LogitsParams = field(default_factory=LogitsParams)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.logits.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.logits.min_tokens}) must not exceed max_tokens "
+                             f"({self.max_tokens})")
         for t in (*self.stop_token_ids, *self.eos_token_ids):
             if t < 0:
                 raise ValueError(f"token ids must be >= 0, got {t}")

@@ -54,7 +54,7 @@ class GenerationRequest:
     samples at 1.0, as the HTTP API does; 0 is greedy."""
 
     prompt: str | None = None
-    messages: Sequence[Mapping[str, str]] | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
     max_tokens: int = 256
     temperature: float | None = None  # None: 1.0, as in the HTTP API
     top_p: float = 1.0
@@ -62,6 +62,17 @@ class GenerationRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     lookup: Lookup = field(default_factory=Lookup)
+    # structured outputs, tools, log-probabilities, penalties: OpenAI's fields and values
+    # (docs/structured-outputs.md); None: off / the default
+    response_format: Mapping[str, Any] | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+    tool_choice: str | Mapping[str, Any] | None = None
+    logprobs: int | None = None  # alternatives per token (0: the token's own only)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: Mapping[str, float] | None = None
+    min_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -85,4 +96,18 @@ class GenerationRequest:
             body["messages"] = [dict(m) for m in self.messages]
         else:
             body["prompt"] = self.prompt
+        for name in ("response_format", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                     "logit_bias", "min_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                body[name] = dict(value) if isinstance(value, Mapping) else value
+        if self.tools is not None:
+            body["tools"] = [dict(t) for t in self.tools]
+        if self.tool_choice is not None:
+            body["tool_choice"] = self.tool_choice
+        if self.logprobs is not None:
+            if self.messages is not None:
+                body["logprobs"], body["top_logprobs"] = True, self.logprobs
+            else:
+                body["logprobs"] = self.logprobs
         return body

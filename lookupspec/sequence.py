@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lookupspec.constraints import TreeMasks
 from lookupspec.drafting.base import DraftSession
 from lookupspec.drafting.draft_model import DraftModelDrafter
-from lookupspec.drafting.policy import DraftInputs
+from lookupspec.drafting.policy import Draft, DraftInputs
+from lookupspec.logits import LogitsProcessor, TokenLogprob
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.runtime.prefix_cache import PrefixBlock
 from lookupspec.sampling import SamplingParams
@@ -41,6 +43,9 @@ class StepOutput:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     stats: RequestStats | None = None
+    # per emitted token when the request asked for log-probabilities (else None)
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    error: str | None = None  # why a request ended with finish_reason "error" (a grammar dead end)
 
 
 def finish_tokens(
@@ -85,6 +90,12 @@ class SequenceState:
     namespace: str | None = None  # prefix-cache namespace (None: this prompt is not cached)
     prefix_block: PrefixBlock | None = None  # the prefix cache's block of its last whole prefilled chunk
     stats: RequestStats = field(default_factory=RequestStats)
+    logits: LogitsProcessor | None = None  # grammar / penalties / bias / min_tokens / logprobs, if asked
+    error: str | None = None  # set with finish_reason "error"
+    # this step's draft before the grammar pruned it (feedback goes to the drafters in its indices)
+    # and the grammar's walk of the pruned one; set by Engine._choose, used once by the step
+    unpruned: Draft | None = None
+    tree_masks: TreeMasks | None = None
 
     @property
     def prefill_done(self) -> bool:

@@ -46,6 +46,7 @@ class StreamState:
     error: dict[str, Any] | None = None  # {"message", "param"?, "code"?}
     usage_seen: bool = False  # the closing usage chunk (``stream_options.include_usage``) arrived
     texts: list[str] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # choice 0's, deltas merged by index
 
     def feed(self, event: dict[str, Any]) -> str | None:
         """Record one data event; return the text it adds to choice 0 (None: none). An error event is
@@ -66,6 +67,8 @@ class StreamState:
                 continue
             delta = choice.get("delta")
             text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if isinstance(delta, dict) and delta.get("tool_calls"):
+                self._merge_calls(delta["tool_calls"])
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
                 if event.get("speculation") and self.speculation is None:
@@ -74,3 +77,17 @@ class StreamState:
             self.texts.append(text)
             return text
         return None
+
+    def _merge_calls(self, deltas: list[dict[str, Any]]) -> None:
+        """OpenAI's streamed tool calls: the first delta of a call has its id, type and name, later
+        ones append to ``function.arguments``."""
+        for d in deltas:
+            k = int(d.get("index", 0))
+            while len(self.tool_calls) <= k:
+                self.tool_calls.append({"id": None, "type": "function",
+                                        "function": {"name": "", "arguments": ""}})
+            call = self.tool_calls[k]
+            call["id"] = d.get("id") or call["id"]
+            fn = d.get("function") or {}
+            call["function"]["name"] += fn.get("name") or ""
+            call["function"]["arguments"] += fn.get("arguments") or ""

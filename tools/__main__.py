@@ -18,6 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-kernels": ("tools.kernels", "fused verification kernels vs torch twins (CUDA)"),
     "bench-gateway": ("tools.gateway", "HTTP streaming vs in-process throughput and latency"),
     "bench-prefix": ("tools.prefix", "TTFT and tok/s with the prefix cache on vs off"),
+    "bench-grammar": ("tools.grammar_mask_bench",
+                      "grammar libraries (xgrammar, llguidance): mask, rollback and fork cost per token"),
+    "bench-structured": ("tools.structured_bench",
+                         "JSON-schema extraction with speculation on/off, and the grammar's cost per step"),
     "bench-linear": ("tools.linear",
                      "CPU float32 kernels side by side: linear layers (stream vs oneDNN) or attention"),
 }

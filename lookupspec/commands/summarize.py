@@ -24,6 +24,7 @@ SIGINT / SIGTERM (the output holds every finished document; rerun to resume)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -54,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--prompt-template", type=Path, default=None, metavar="FILE",
       help="user message with a {text} placeholder (unset: a built-in system + 'Summarize ...' prompt)")
     a("--max-tokens", type=positive_int, default=256, help="maximum summary tokens")
+    a("--json-schema", type=Path, default=None, metavar="FILE",
+      help="structured summaries: a JSON schema file every summary follows (the record's 'data' holds it)")
     a("--collection", default=None, metavar="NAME",
       help="also draft from this collection (in-process: the input documents are indexed into it)")
     a("--gateway", default=None, metavar="URL", help="send requests to this lookupspec gateway")
@@ -112,7 +115,16 @@ def run(args: argparse.Namespace) -> int:
             template = PromptTemplate.from_file(args.prompt_template)
     except (OSError, ValueError) as exc:
         return _error(f"--prompt-template: {exc}")
+    schema = None
+    if args.json_schema is not None:
+        try:
+            schema = json.loads(args.json_schema.read_text())
+        except (OSError, ValueError) as exc:
+            return _error(f"--json-schema: {exc}")
+        if not isinstance(schema, dict):
+            return _error("--json-schema: the file must hold a JSON object (a JSON schema)")
     config = JobConfig(max_tokens=args.max_tokens, template=template, collection=args.collection,
+                       json_schema=schema,
                        concurrency=args.concurrency, strict=args.strict,
                        limit=args.limit, plain_sample=args.plain_sample, log=log,
                        progress=sys.stderr.isatty() if args.progress is None else args.progress)

@@ -28,6 +28,7 @@ parameter) raise :class:`lookupspec.client.ClientError`.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from lookupspec.client import Client, Delta, GenerationRequest, Lookup, Result, 
 
 try:
     from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+    from langchain_core.language_models import LanguageModelInput
     from langchain_core.language_models.chat_models import BaseChatModel
     from langchain_core.language_models.llms import LLM
     from langchain_core.messages import (
@@ -47,8 +49,11 @@ try:
         ChatMessage,
         HumanMessage,
         SystemMessage,
+        ToolMessage,
         UsageMetadata,
     )
+    from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+    from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
     from langchain_core.outputs import (
         ChatGeneration,
         ChatGenerationChunk,
@@ -57,6 +62,8 @@ try:
         GenerationChunk,
         LLMResult,
     )
+    from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+    from langchain_core.utils.function_calling import convert_to_openai_tool
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides langchain_core
     raise ImportError("lookupspec.integrations.langchain needs langchain-core: "
                       "pip install 'lookupspec[langchain]'") from exc
@@ -81,15 +88,31 @@ class _Options(BaseModel):
     speculation: bool = True  # False: plain decoding (same output, no drafts)
     max_draft_tokens: int | None = Field(default=None, ge=0)
     sources: list[str] | None = None  # draft sources ("context", "corpus", "output", ...); None: all
+    # OpenAI's fields (docs/structured-outputs.md); bind_tools / with_structured_output set them
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
 
     def request(self, stop: list[str] | None, *, prompt: str | None = None,
-                messages: list[dict[str, str]] | None = None) -> GenerationRequest:
+                messages: list[dict[str, Any]] | None = None) -> GenerationRequest:
         lookup = Lookup(enabled=self.speculation, collections=tuple(self.collections),
                         documents=tuple(self.documents), max_draft_tokens=self.max_draft_tokens,
                         sources=None if self.sources is None else tuple(self.sources))
         return GenerationRequest(prompt=prompt, messages=messages, max_tokens=self.max_tokens,
                                  temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                                 seed=self.seed, stop=tuple(stop or ()), lookup=lookup)
+                                 seed=self.seed, stop=tuple(stop or ()), lookup=lookup,
+                                 response_format=self.response_format, tools=self.tools,
+                                 tool_choice=self.tool_choice, logprobs=self.logprobs,
+                                 frequency_penalty=self.frequency_penalty,
+                                 presence_penalty=self.presence_penalty,
+                                 repetition_penalty=self.repetition_penalty, logit_bias=self.logit_bias,
+                                 min_tokens=self.min_tokens)
 
 
 class _Lookupspec(_Options):
@@ -230,7 +253,8 @@ class LookupspecLLM(_Lookupspec, LLM):
             yield chunk
 
 
-def _message_dict(message: BaseMessage) -> dict[str, str]:
+def _message_dict(message: BaseMessage) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
     if isinstance(message, ChatMessage):
         role = message.role
     elif isinstance(message, SystemMessage):
@@ -238,14 +262,19 @@ def _message_dict(message: BaseMessage) -> dict[str, str]:
     elif isinstance(message, HumanMessage):
         role = "user"
     elif isinstance(message, AIMessage):
-        if message.tool_calls:
-            raise ValueError("ChatLookupspec does not support tool calls")
         role = "assistant"
+        if message.tool_calls:
+            extra["tool_calls"] = [{"id": c["id"], "type": "function",
+                                    "function": {"name": c["name"], "arguments": json.dumps(c["args"])}}
+                                   for c in message.tool_calls]
+    elif isinstance(message, ToolMessage):
+        role = "tool"
+        extra["tool_call_id"] = message.tool_call_id
     else:
-        raise ValueError(f"ChatLookupspec accepts system, human, AI and chat messages, not "
+        raise ValueError(f"ChatLookupspec accepts system, human, AI, tool and chat messages, not "
                          f"{type(message).__name__}")
     if isinstance(message.content, str):
-        return {"role": role, "content": message.content}
+        return {"role": role, "content": message.content, **extra}
     parts = []
     for block in message.content:
         if isinstance(block, str):
@@ -254,10 +283,10 @@ def _message_dict(message: BaseMessage) -> dict[str, str]:
             parts.append(str(block.get("text", "")))
         else:
             raise ValueError(f"ChatLookupspec accepts text content only, not a {block.get('type')!r} block")
-    return {"role": role, "content": "".join(parts)}
+    return {"role": role, "content": "".join(parts), **extra}
 
 
-def _message_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+def _message_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
     return [_message_dict(m) for m in messages]
 
 
@@ -270,7 +299,59 @@ class ChatLookupspec(_Lookupspec, BaseChatModel):
     def _llm_type(self) -> str:
         return "lookupspec-chat"
 
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: str | dict[str, Any] | None = None,
+                   **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
+        """Offer ``tools`` (pydantic models, functions, LangChain tools or OpenAI dicts). ``tool_choice``:
+        "auto" (the model's chat template must take tools), "required"/"any", or a tool's name; with a
+        template that takes no tools, the default is "required"."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        if tool_choice == "any":
+            tool_choice = "required"
+        elif isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
+            tool_choice = {"type": "function", "function": {"name": tool_choice}}
+        if tool_choice is None:
+            tool_choice = "required"
+        return super().bind(tools=formatted, tool_choice=tool_choice, **kwargs)
+
+    def with_structured_output(self, schema: Any, *, method: str = "json_schema", include_raw: bool = False,
+                               **kwargs: Any) -> Runnable[LanguageModelInput, Any]:
+        """Outputs that parse into ``schema`` (a pydantic model or a JSON schema dict), by a JSON schema
+        ``response_format`` (``method="json_schema"``) or a forced call of a tool with that schema
+        (``method="function_calling"``); ``json_mode`` asks for any JSON object."""
+        if kwargs:
+            raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+        is_model = isinstance(schema, type) and issubclass(schema, BaseModel)
+        tool = convert_to_openai_tool(schema)
+        name = tool["function"]["name"]
+        parser: Runnable[Any, Any]
+        if method == "function_calling":
+            llm = self.bind_tools([schema], tool_choice=name)
+            parser = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_model
+                      else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+        elif method in ("json_schema", "json_mode"):
+            fmt: dict[str, Any] = {"type": "json_object"}
+            if method == "json_schema":
+                json_schema = schema.model_json_schema() if is_model else tool["function"]["parameters"]
+                fmt = {"type": "json_schema",
+                       "json_schema": {"name": name, "schema": json_schema, "strict": True}}
+            llm = self.bind(response_format=fmt)
+            parser = PydanticOutputParser(pydantic_object=schema) if is_model else JsonOutputParser()
+        else:
+            raise ValueError(f"method must be json_schema, function_calling or json_mode, got {method!r}")
+        if not include_raw:
+            return llm | parser
+        return RunnableMap(raw=llm) | RunnablePassthrough.assign(
+            parsed=lambda x: parser.invoke(x["raw"]), parsing_error=lambda _: None)
+
     def _result(self, client: Client, result: Result) -> ChatResult:
+        if result.tool_calls:
+            calls = [{"id": c["id"], "name": c["function"]["name"],
+                      "args": json.loads(c["function"]["arguments"]), "type": "tool_call"}
+                     for c in result.tool_calls]
+            message = AIMessage(content=result.text, tool_calls=calls,
+                                usage_metadata=_usage_metadata(result.usage))
+            info = _info(client, result.finish_reason, result.usage, result.speculation)
+            return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)])
         message = AIMessage(content=result.text, usage_metadata=_usage_metadata(result.usage))
         info = _info(client, result.finish_reason, result.usage, result.speculation)
         return ChatResult(generations=[ChatGeneration(message=message, generation_info=info)])

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from lookupspec.params import GenerationParams, LookupScope, SpecParams
 from lookupspec.stats import RequestStats
@@ -59,18 +60,22 @@ class GenerationJob:
     scope: LookupScope
     arrived: float  # time.perf_counter() when the request arrived
     deadline: float  # time.perf_counter() after which the job is abandoned
+    tools: Any = None  # lookupspec.service.tools.ToolPlan: the output is read as tool calls
 
 
 @dataclass(frozen=True)
 class TextDelta:
     index: int
     text: str
+    # [(token id, token text, logprob, [(alternative id, its text, logprob), ...])] of the tokens this
+    # delta's step emitted, when the request asked for log-probabilities
+    logprobs: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True)
 class ChoiceFinished:
     index: int
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "tool_calls" (set by the front end from the output)
     prompt_tokens: int
     completion_tokens: int
     stats: RequestStats

@@ -20,6 +20,7 @@ generation with the same seed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from lookupspec.params import SpecParams
 from lookupspec.planning import PlanError, UnknownCollection, plan_lookup
 from lookupspec.requests import Lookup
 
+from . import structured
 from .errors import ServiceError, bad_request, too_large
 from .jobs import ChoicePlan, GenerationJob
 from .service import Service
@@ -49,7 +51,7 @@ class JobRequest:
     1.0, ``top_k`` 0 (off), ``n`` 1. ``max_tokens_field`` names the field in errors."""
 
     prompt: Prompt | None = None
-    messages: Sequence[Mapping[str, str]] | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
     max_tokens: int | None = None
     max_tokens_field: str = "max_tokens"
     n: int | None = None
@@ -59,6 +61,17 @@ class JobRequest:
     seed: int | None = None
     stop: str | Sequence[str] | None = None
     lookup: Lookup = field(default_factory=Lookup)
+    # structured outputs, tools, log-probabilities, penalties (lookupspec.service.structured);
+    # None: off / the default
+    response_format: Mapping[str, Any] | None = None  # OpenAI's object: {"type": ..., "json_schema": ...}
+    tools: Sequence[Mapping[str, Any]] | None = None  # OpenAI's tools: {"type": "function", "function"}
+    tool_choice: str | Mapping[str, Any] | None = None
+    logprobs: int | None = None  # alternatives per token (0 = the token's own only); None: none
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: Mapping[str, float] | None = None
+    min_tokens: int | None = None
 
 
 def _context_error(prompt_len: int, max_tokens: int | None, window: int, field: str) -> ServiceError:
@@ -161,6 +174,7 @@ def _plan(service: Service, req: JobRequest, namespace: str, prompts: list[tuple
         if max_tokens is not None and len(ids) + max_tokens > window:
             raise _context_error(len(ids), max_tokens, window, max_field)
     spec, scope = _lookup(service, namespace, req.lookup)  # after the cheap checks: it may index text
+    logits, tools = structured.logits_params(service, req)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
@@ -173,12 +187,15 @@ def _plan(service: Service, req: JobRequest, namespace: str, prompts: list[tuple
             try:
                 params = service.text_engine.params(max_tokens=budget, temperature=temperature,
                                                     top_p=top_p, top_k=top_k, seed=seed)
+                if logits is not None:
+                    params = dataclasses.replace(params, logits=logits)
             except ValueError as exc:
-                raise bad_request(str(exc), _sampling_param(str(exc))) from None
+                param = _sampling_param(str(exc)) or structured.param_of(str(exc))
+                raise bad_request(str(exc), param) from None
             choices.append(ChoicePlan(p * n + j, ids, params))
     timeout = service.config.request_timeout_s
     return GenerationJob(namespace, tuple(choices), sum(len(ids) for ids in prompts), stop, spec, scope,
-                         arrived, arrived + timeout)
+                         arrived, arrived + timeout, tools)
 
 
 def plan(service: Service, req: JobRequest, namespace: str, arrived: float | None = None) -> GenerationJob:
@@ -212,7 +229,9 @@ def _plan_chat(service: Service, req: JobRequest, namespace: str, arrived: float
     assert req.messages is not None
     _check_choices(service, 1, req.n if req.n is not None else 1)
     try:
-        text = service.text_engine.chat_text([dict(m) for m in req.messages])
+        text = structured.chat_text(service, req)
+    except ServiceError:
+        raise
     except Exception as exc:  # no chat template, or the template rejects these messages
         raise bad_request(f"cannot render the messages with the model's chat template: {exc}",
                           "messages") from None

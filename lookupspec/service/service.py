@@ -27,7 +27,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, overload
 
@@ -98,6 +98,11 @@ class _ChoiceSink:
 
     def deliver(self, out: StepOutput) -> bool:
         service, job = self.service, self.job
+        if out.finish_reason == "error":  # a grammar dead end: this request ends, with what it says
+            self.tokens.extend(out.tokens)
+            self.fail(ServiceError(400, out.error or "generation failed", param="response_format",
+                                   code="grammar_dead_end"))
+            return False
         chunk = self.follow.feed(out)
         now = time.perf_counter()
         if chunk.token_ids:
@@ -113,12 +118,19 @@ class _ChoiceSink:
                     service.metrics.itl.observe(gap)
             self.last_token_at = now
         self.tokens.extend(chunk.token_ids)
-        if chunk.text and not job.failed:
-            job.ticket.emit(TextDelta(self.choice.index, chunk.text))
+        logprobs = None if out.logprobs is None else self._logprobs(out.logprobs)
+        if (chunk.text or logprobs) and not job.failed:
+            job.ticket.emit(TextDelta(self.choice.index, chunk.text, logprobs))
         if chunk.finish_reason is None:
             return True
         self._finished(chunk.finish_reason, chunk.stats or RequestStats())
         return False  # a stop string ends the sequence here; a finished one is already released
+
+    def _logprobs(self, lps: Sequence[Any]) -> tuple[Any, ...]:
+        """(id, text, logprob, [(id, text, logprob), ...]) per token (``lookupspec.logits.TokenLogprob``)."""
+        decode = self.service.text_engine.tokenizer.decode
+        return tuple((lp.token, decode([lp.token]), lp.logprob, [(t, decode([t]), v) for t, v in lp.top])
+                     for lp in lps)
 
     def _finished(self, reason: str, stats: RequestStats) -> None:
         service, job = self.service, self.job
@@ -264,6 +276,8 @@ class Service:
 
     def _error_of(self, error: BaseException, ticket: Ticket) -> ServiceError:
         """The API error a choice that did not finish ends its job with."""
+        if isinstance(error, ServiceError):  # the request's own fault (a grammar dead end)
+            return error
         if isinstance(error, Cancelled):
             reason = "shutdown" if error.reason == "shutdown" else ticket.cancel_reason
             self.metrics.aborted.labels(reason=reason).inc()

@@ -24,6 +24,7 @@ the job: :class:`FatalError`.
 from __future__ import annotations
 
 import itertools
+import json
 import queue
 import sys
 import threading
@@ -61,6 +62,8 @@ class JobConfig:
     retries: int = 3
     plain_sample: int = 1  # documents decoded again without speculation, to measure the speedup
     progress: bool = False
+    # a JSON schema the summary must follow (structured summaries): the record's "data" holds it parsed
+    json_schema: dict[str, Any] | None = None
     log: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr), compare=False)
 
     def __post_init__(self) -> None:
@@ -91,9 +94,12 @@ def plan(items: Iterable[Document | BadInput], done: set[str], config: JobConfig
 def _request(doc: Document, config: JobConfig, *, speculation: bool = True) -> GenerationRequest:
     lookup = Lookup(collections=(config.collection,) if config.collection else ()) if speculation \
         else Lookup(enabled=False)
+    fmt = None if config.json_schema is None else {
+        "type": "json_schema",
+        "json_schema": {"name": "summary", "schema": config.json_schema, "strict": True}}
     # Greedy: a summary is reproducible, so a resumed job and a re-run give the same file.
     return GenerationRequest(messages=config.template.messages(doc.text), max_tokens=config.max_tokens,
-                             temperature=0.0, lookup=lookup)
+                             temperature=0.0, lookup=lookup, response_format=fmt)
 
 
 def _complete(client: Client, request: GenerationRequest, config: JobConfig) -> Result:
@@ -113,7 +119,8 @@ def summarize_one(client: Client, doc: Document, config: JobConfig,
     """One document's record (see the module docstring); retries transient gateway errors. ``clock``:
     the job's start (``time.perf_counter()``), for the record's ``decode_window``."""
     sent = time.perf_counter()
-    record = _record(doc, _complete(client, _request(doc, config), config), client.model)
+    record = _record(doc, _complete(client, _request(doc, config), config), client.model,
+                     config.json_schema is not None)
     t = record["timings"]
     if clock is not None and t["first_token_s"] is not None:
         start = sent - clock
@@ -133,9 +140,15 @@ def plain_sample(client: Client, doc: Document, config: JobConfig) -> PlainSampl
                        tuple(b - a for a, b in itertools.pairwise(times)))
 
 
-def _record(doc: Document, result: Result, model: str) -> dict[str, Any]:
+def _record(doc: Document, result: Result, model: str, structured: bool = False) -> dict[str, Any]:
     first = result.first_token_s
-    return {
+    extra: dict[str, Any] = {}
+    if structured:  # a summary cut by max_tokens is unfinished JSON: "data" is null then
+        try:
+            extra["data"] = json.loads(result.text) if result.finish_reason == "stop" else None
+        except ValueError:
+            extra["data"] = None
+    return {**extra,
         "id": doc.id, "summary": result.text.strip(), "finish_reason": result.finish_reason, "model": model,
         "usage": result.usage, "speculation": result.speculation,
         "timings": {"total_s": round(result.seconds, 4),

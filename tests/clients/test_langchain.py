@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, ChatMessage, FunctionMessage, HumanMessage, SystemMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.outputs import LLMResult
 from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
@@ -243,12 +243,12 @@ def test_options_are_validated_before_any_model_loads() -> None:
     chat = ChatLookupspec(model="never-loaded")
     with pytest.raises(TypeError, match="temprature"):
         llm.invoke("x", temprature=0.5)
-    with pytest.raises(TypeError, match="tools"):
-        chat.invoke("x", tools=[])
+    with pytest.raises(TypeError, match="tool_chioce"):
+        chat.invoke("x", tool_chioce="auto")
     with pytest.raises(ValidationError, match="max_tokens"):
         llm.invoke("x", max_tokens=0)
-    with pytest.raises(ValueError, match="ToolMessage"):
-        chat.invoke([ToolMessage("result", tool_call_id="t1")])
+    with pytest.raises(ValueError, match="FunctionMessage"):
+        chat.invoke([FunctionMessage("result", name="f")])
     with pytest.raises(ValueError, match="image"):
         chat.invoke([HumanMessage([{"type": "image", "url": "http://example.invalid/x.png"}])])
     with pytest.raises(ValidationError, match="base_url"):

@@ -450,3 +450,27 @@ def test_decode_wall_time_is_the_union_of_the_windows() -> None:
     assert decode_wall_time([[0, 2], [1, 3], [5, 6]]) == 4
     assert decode_wall_time([[0, 10], [2, 3]]) == 10
     assert decode_wall_time([]) == 0
+
+
+def test_json_schema_gives_structured_summaries_that_validate(tmp_path: Path, tiny_model: Path) -> None:
+    """--json-schema FILE: every finished summary parses and follows the schema ("data" holds it)."""
+    schema = {"type": "object", "properties": {"topic": {"enum": ["cats", "dogs", "other"]},
+                                               "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["topic", "score"], "additionalProperties": False}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"id": f"d{i}", "text": f"Document {i} about cats."}) + "\n"
+                           for i in range(3)))
+    out = tmp_path / "out.jsonl"
+    proc = _cli(src, "-o", out, "--model", tiny_model, "--max-tokens", "40", "--json-schema",
+                tmp_path / "schema.json", "--plain-sample", "0", home=tmp_path / "home")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 3
+    for r in records:
+        assert r["finish_reason"] == "stop", r
+        assert r["data"] == json.loads(r["summary"])
+        assert r["data"]["topic"] in ("cats", "dogs", "other") and 0 <= r["data"]["score"] <= 9
+    bad = _cli(src, "-o", tmp_path / "o2.jsonl", "--model", tiny_model, "--json-schema",
+               tmp_path / "nope.json", home=tmp_path / "home")
+    assert bad.returncode == 2 and "--json-schema" in bad.stderr

@@ -262,25 +262,22 @@ def test_types_are_strict(alpha: httpx.Client, field: str, value: Any, param: st
 
 
 @pytest.mark.parametrize(("kwargs", "param"), [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "auto"},
+     "tool_choice"),  # the tiny model's chat template takes no tools
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format.type"),
-    ({"logit_bias": {"50": 10}}, "logit_bias"),
-    ({"logprobs": True}, "logprobs"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
+    ({"logit_bias": {"5000": 10}}, "logit_bias"),
     ({"top_logprobs": 3}, "top_logprobs"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"presence_penalty": -1}, "presence_penalty"),
 ])
-def test_chat_fields_asking_for_missing_behaviour_are_400_naming_them(oai: openai.OpenAI, kwargs: dict,
-                                                                      param: str) -> None:
+def test_chat_fields_with_values_the_server_cannot_serve_are_400_naming_them(oai: openai.OpenAI, kwargs: dict,
+                                                                             param: str) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, **kwargs)
-    assert err.value.body["param"] == param and "not supported" in err.value.body["message"]
+    assert err.value.body["param"] == param
 
 
 @pytest.mark.parametrize(("kwargs", "param"), [
-    ({"echo": True}, "echo"), ({"best_of": 2}, "best_of"), ({"logprobs": 1}, "logprobs"),
-    ({"suffix": "def"}, "suffix"),
+    ({"echo": True}, "echo"), ({"best_of": 2}, "best_of"), ({"suffix": "def"}, "suffix"),
 ])
 def test_completion_fields_asking_for_missing_behaviour_are_400_naming_them(oai: openai.OpenAI, kwargs: dict,
                                                                             param: str) -> None:
