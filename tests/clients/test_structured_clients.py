@@ -55,13 +55,18 @@ def test_json_schema_and_named_tool_through_either_client_equal_each_other(local
         "type": "json_schema",
         "json_schema": {"name": "p", "strict": True, "schema": Person.model_json_schema()},
     }
-    req = GenerationRequest(messages=MESSAGES, max_tokens=60, response_format=fmt, logprobs=2)
-    remote = connect(tiny_gateway.url)
+    req = GenerationRequest(messages=MESSAGES, max_tokens=60, response_format=fmt, logprobs=2, temperature=0)
+    with connect(tiny_gateway.url) as remote:  # closed also when an assertion fails
+        _check_both(local_client, remote, req, fmt)
+
+
+def _check_both(local_client, remote, req, fmt) -> None:
     a, b = local_client.complete(req), remote.complete(req)
     assert a.text == b.text and a.finish_reason == b.finish_reason == "stop"
     Person.model_validate_json(a.text)
     off = local_client.complete(
-        GenerationRequest(messages=MESSAGES, max_tokens=60, response_format=fmt, lookup=Lookup(enabled=False))
+        GenerationRequest(messages=MESSAGES, max_tokens=60, response_format=fmt, lookup=Lookup(enabled=False),
+                          temperature=0)
     )
     assert off.text == a.text
     tool = GenerationRequest(
@@ -69,12 +74,12 @@ def test_json_schema_and_named_tool_through_either_client_equal_each_other(local
         max_tokens=60,
         tools=[WEATHER],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
     )
     for c in (local_client, remote):
         r = c.complete(tool)
         assert r.finish_reason == "tool_calls" and r.tool_calls[0]["function"]["name"] == "get_weather"
         assert json.loads(r.tool_calls[0]["function"]["arguments"])["city"] in ("Paris", "Oslo")
-    remote.close()
 
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
