@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf_tiny import random_blocks
 
+from lookupspec.runtime.cpu_linear import QuantizedLinear
 from lookupspec.runtime.native import matmul
 from lookupspec.runtime.native.quantized import QUANT_TYPES, QuantWeights, regroup
 
@@ -110,3 +111,15 @@ def test_bad_shapes_are_refused():
         quant(torch.randn(2, cols + 1))
     with pytest.raises(TypeError):
         quant(torch.randn(2, cols, dtype=torch.float64))
+
+
+def test_a_deep_copied_quantized_layer_shares_its_planes_and_gives_the_same_bits():
+    """``lookupspec bench`` deep-copies the model per system; a quantized layer holds a ctypes library."""
+    import copy
+
+    raw, cols = _case("Q4_0", 32, 2)
+    weights = QuantWeights.from_gguf(matmul.kernel(), "Q4_0", raw, cols, torch.randn(32))
+    clone = copy.deepcopy(torch.nn.ModuleDict({"w": QuantizedLinear(weights)}))["w"].weights
+    assert clone.planes is weights.planes and clone.lib is weights.lib
+    x = torch.randn(3, cols)
+    assert torch.equal(clone(x), weights(x))

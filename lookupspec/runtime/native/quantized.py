@@ -155,6 +155,12 @@ class QuantWeights:
         b = None if bias is None else bias.detach().to(torch.float32).contiguous().clone()
         return cls(lib, kind, raw.shape[0], in_features, planes, b)
 
+    def __deepcopy__(self, memo: dict) -> QuantWeights:
+        """A copy that shares the planes (never written after load) and the loaded library (a process
+        resource, not copyable): a deep-copied model, as ``lookupspec bench`` makes for each system,
+        holds the same bytes once."""
+        return QuantWeights(self.lib, self.kind, self.out_features, self.in_features, self.planes, self.bias)
+
     @property
     def nbytes(self) -> int:
         """Resident bytes: the planes and the bias."""
