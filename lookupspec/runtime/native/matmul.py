@@ -29,7 +29,7 @@ import torch
 
 from .loader import LazyLibrary
 
-__all__ = ["StreamWeights", "backend_choice", "kernel", "kernel_error"]
+__all__ = ["StreamWeights", "backend_choice", "kernel", "kernel_error", "product_buffers"]
 
 _SOURCE = Path(__file__).with_name("matmul.c")
 
@@ -73,6 +73,18 @@ def kernel_error() -> str | None:
     return _LIBRARY.error
 
 
+def product_buffers(x: torch.Tensor, in_features: int, out_features: int,
+                    kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [..., in_features] checked for a native product (float32, CPU, no autograd) and flattened
+    to contiguous rows, and the output buffer [rows, out_features] the kernel writes."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
+        raise TypeError(f"{kernel} takes float32 CPU inputs without autograd")
+    if x.shape[-1] != in_features:
+        raise ValueError(f"input has {x.shape[-1]} features, the layer {in_features}")
+    x2 = x.reshape(-1, in_features).contiguous()
+    return x2, torch.empty(x2.shape[0], out_features)
+
+
 class StreamWeights:
     """A float32 weight ``[out_features, in_features]`` (and bias) packed for ``matmul.c``:
     ``self(x)`` is ``x @ W.T + b`` over the last dimension of ``x``."""
@@ -87,13 +99,7 @@ class StreamWeights:
         self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous().clone()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        grad = x.requires_grad and torch.is_grad_enabled()
-        if x.dtype != torch.float32 or x.device.type != "cpu" or grad:
-            raise TypeError("the streaming matmul takes float32 CPU inputs without autograd")
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"input has {x.shape[-1]} features, the layer {self.in_features}")
-        x2 = x.reshape(-1, self.in_features).contiguous()
-        y = torch.empty(x2.shape[0], self.out_features)
+        x2, y = product_buffers(x, self.in_features, self.out_features, "the streaming matmul")
         if x2.shape[0]:
             self.lib.matmul_f32(x2.data_ptr(), x2.shape[0], self.in_features, self.packed.data_ptr(),
                                 self.out_features, None if self.bias is None else self.bias.data_ptr(),

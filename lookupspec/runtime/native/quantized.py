@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .matmul import product_buffers
+
 __all__ = ["QUANT_TYPES", "QuantWeights", "regroup"]
 
 # GGUF type name -> (the kernel's type id, values per block, bytes per block)
@@ -171,13 +173,7 @@ class QuantWeights:
         return [self.planes[n].data_ptr() if n in self.planes else None for n in _PLANES]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        grad = x.requires_grad and torch.is_grad_enabled()
-        if x.dtype != torch.float32 or x.device.type != "cpu" or grad:
-            raise TypeError("the quantized matmul takes float32 CPU inputs without autograd")
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"input has {x.shape[-1]} features, the layer {self.in_features}")
-        x2 = x.reshape(-1, self.in_features).contiguous()
-        y = torch.empty(x2.shape[0], self.out_features)
+        x2, y = product_buffers(x, self.in_features, self.out_features, "the quantized matmul")
         if x2.shape[0]:
             self.lib.matmul_quant(x2.data_ptr(), x2.shape[0], self.in_features, *self._pointers(),
                                   QUANT_TYPES[self.kind][0], self.out_features,
