@@ -232,7 +232,8 @@ typedef struct {
 
 enum { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
 
-/* The scale and offset of sub-block s: A = d [* sc], B = dm [* mn] (16 rows each). */
+/* The scale and offset of sub-block s: A = d [* sc], B = dm or -(dmin * mn) (16 rows each; the sign
+   flipped by a multiply by -1, exact for zeros too). */
 static inline __attribute__((always_inline)) void
 scales(const uint16_t *d, const uint16_t *dm, const int8_t *sc, const int8_t *mn, long s, long blk, int has_sc,
        int minmode, vec *A, vec *B) {
@@ -240,16 +241,20 @@ scales(const uint16_t *d, const uint16_t *dm, const int8_t *sc, const int8_t *mn
     *B = v_zero();
     if (has_sc) *A = v_mul(*A, v_from_i8(_mm_loadu_si128((const __m128i *)(sc + s * 16))));
     if (minmode) *B = v_from_f16(dm + blk * 16);
-    if (minmode == 2) *B = v_mul(*B, v_from_i8(_mm_loadu_si128((const __m128i *)(mn + s * 16))));
+    if (minmode == 2) *B = v_mul(v_set(-1.0f), v_mul(*B, v_from_i8(_mm_loadu_si128((const __m128i *)(mn + s * 16)))));
 }
 
-/* w = A * q [+ B | - B] for 16 values q (int8), stored at out. */
+/* w = A * q [+ B | - B] for 16 values q (int8). With a minimum the product A * q is exact in float32
+   (A has at most 17 significant bits, q at most 5: gguf's own multiply does not round it), so the
+   one rounding of a fused multiply-add is the rounding of gguf's separate add: one instruction
+   instead of two, the same bits. `scales` hands over -B where gguf subtracts. */
+static inline __attribute__((always_inline)) vec weights16(__m128i q, vec A, vec B, int minmode) {
+    return minmode ? v_fma(A, v_from_i8(q), B) : v_mul(A, v_from_i8(q));
+}
+
 static inline __attribute__((always_inline)) void
 put_weights(float *out, __m128i q, vec A, vec B, int minmode) {
-    vec w = v_mul(A, v_from_i8(q));
-    if (minmode == 1) w = v_add(w, B);
-    else if (minmode == 2) w = v_sub(w, B);
-    v_store(out, w);
+    v_store(out, weights16(q, A, B, minmode));
 }
 
 /* Values [kb, ke) of group g of the planes (16 rows) dequantized into out [ke - kb][16], 32 values (one chunk of the 4-bit
@@ -326,6 +331,145 @@ static void dequant(const planes *P, int type, long g, long K, long kb, long ke,
     }
 }
 
+/* 16 values of one half of a 4-bit chunk as int8: byte i of the chunk's vector i holds value i in its
+   low nibble (h = 0) and value 16 + i in its high one (h = 1), with the high bits of kinds 5 and 6
+   (hc: the chunk's high-bit rows) and the offset applied. */
+static inline __attribute__((always_inline)) __m128i
+nibbles(const int8_t *qc, const uint8_t *hc, int i, int h, int kind, int off) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    __m128i b = _mm_loadu_si128((const __m128i *)(qc + i * 16));
+    __m128i v = h ? _mm_and_si128(_mm_srli_epi16(b, 4), low) : _mm_and_si128(b, low);
+    if (kind == 5) {
+        __m128i hbits = _mm_loadu_si128((const __m128i *)(hc + (2 * h + (i >> 3)) * 16));
+        v = _mm_or_si128(v, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(hbits, i & 7), _mm_set1_epi8(1)), 4));
+    }
+    if (kind == 6) {
+        __m128i hbits = _mm_loadu_si128((const __m128i *)(hc + (4 * h + (i >> 2)) * 16));
+        v = _mm_or_si128(v, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(hbits, 2 * (i & 3)), _mm_set1_epi8(3)), 4));
+    }
+    if (off) v = _mm_sub_epi8(v, _mm_set1_epi8((char)off));
+    return v;
+}
+
+#define QREG_R 4 /* the most rows the in-register tiles take */
+#define QREG_C 4 /* the most groups of 16 output rows a tile takes */
+
+/* A few rows straight from the quantized planes: R rows x C groups (16 output rows each, groups
+   g0 .. g0 + C - 1), every weight dequantized in registers right before the fused multiply-adds
+   that use it, k from 0 to K - 1 in order: the float kernel's chains on the same weights, with no
+   buffer in between. For a decode step's rows, where the buffered path spends more on storing and
+   reloading the weights than on the products. */
+static inline __attribute__((always_inline)) void
+qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, long ldy, const float *bias,
+          long cols, const int R, const int C, int bs, int ss, int kind, int off, int has_sc, int minmode) {
+    long nb = K / bs, ns = K / ss;
+    vec acc[QREG_R][QREG_C]; /* fixed sizes, constant indices once inlined: all in registers */
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[r][c] = v_zero();
+    for (long cc = 0; cc < K / 32; cc++) {
+        long k0 = 32 * cc;
+#pragma GCC unroll 1 /* (unrolled, the compiler keeps the chunk's 16 byte vectors for the second half, and spills them) */
+        for (int h = 0; h < 2; h++) {
+            vec A[QREG_C], B[QREG_C];
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) {
+                long g = g0 + c;
+                scales(P->d + g * nb * 16, minmode ? P->dm + g * nb * 16 : NULL,
+                       has_sc ? P->sc + g * ns * 16 : NULL, minmode == 2 ? P->mn + g * ns * 16 : NULL,
+                       (k0 + 16 * h) / ss, k0 / bs, has_sc, minmode, &A[c], &B[c]);
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                long k = k0 + 16 * h + i;
+                vec w[QREG_C];
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++) {
+                    long g = g0 + c;
+                    __m128i q;
+                    if (kind == 8) q = _mm_loadu_si128((const __m128i *)(P->q + g * K * 16 + k * 16));
+                    else
+                        q = nibbles(P->q + g * K * 8 + cc * 256,
+                                    kind == 5 ? P->hb + g * K * 2 + cc * 64 : kind == 6 ? P->hb + g * K * 4 + cc * 128 : NULL,
+                                    i, h, kind, off);
+                    w[c] = weights16(q, A[c], B[c], minmode);
+                }
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    vec a = v_set(x[r * ldx + k]);
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; c++) acc[r][c] = v_fma(a, w[c], acc[r][c]);
+                }
+                /* Keeps each value's loads in its own iteration: without it the compiler hoists
+                   the chunk's loads ahead and spills them to the stack. */
+                __asm__ volatile("" ::: "memory");
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) {
+        long left = cols - c * 16;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            if (left > 0) put(y + r * ldy + c * 16, acc[r][c], bias ? bias + c * 16 : NULL, left);
+    }
+}
+
+typedef void (*qreg_fn)(const float *, long, const planes *, long, long, float *, long, const float *, long);
+
+#define QREG(T, R, C, bs, ss, kind, off, has_sc, minmode)                                             \
+    static void qreg_##T##_##R##_##C(const float *x, long ldx, const planes *P, long g0, long K, float *y,   \
+                                     long ldy, const float *bias, long cols) {                          \
+        qreg_tile(x, ldx, P, g0, K, y, ldy, bias, cols, R, C, bs, ss, kind, off, has_sc, minmode);       \
+    }
+/* Per type, tiles of QREG_C groups and 1 .. QREG_R rows, and 1 group for the last odd group. */
+/* Per type, tiles of 1 .. QREG_R rows and 1, 2 or 4 groups. */
+#define QREG_TYPE(T, ...)                                                                            \
+    QREG(T, 1, 1, __VA_ARGS__) QREG(T, 2, 1, __VA_ARGS__) QREG(T, 3, 1, __VA_ARGS__) QREG(T, 4, 1, __VA_ARGS__) \
+    QREG(T, 1, 2, __VA_ARGS__) QREG(T, 2, 2, __VA_ARGS__) QREG(T, 3, 2, __VA_ARGS__) QREG(T, 4, 2, __VA_ARGS__) \
+    QREG(T, 1, 4, __VA_ARGS__) QREG(T, 2, 4, __VA_ARGS__) QREG(T, 3, 4, __VA_ARGS__) QREG(T, 4, 4, __VA_ARGS__) \
+    static const qreg_fn QREG_##T[5][5] = {                                                           \
+        {0}, {0, qreg_##T##_1_1, qreg_##T##_2_1, qreg_##T##_3_1, qreg_##T##_4_1},                       \
+        {0, qreg_##T##_1_2, qreg_##T##_2_2, qreg_##T##_3_2, qreg_##T##_4_2}, {0},                       \
+        {0, qreg_##T##_1_4, qreg_##T##_2_4, qreg_##T##_3_4, qreg_##T##_4_4}};
+
+QREG_TYPE(Q8_0, 32, 32, 8, 0, 0, 0)
+QREG_TYPE(Q4_0, 32, 32, 4, 8, 0, 0)
+QREG_TYPE(Q4_1, 32, 32, 4, 0, 0, 1)
+QREG_TYPE(Q5_0, 32, 32, 5, 16, 0, 0)
+QREG_TYPE(Q5_1, 32, 32, 5, 0, 0, 1)
+QREG_TYPE(Q4_K, 256, 32, 4, 0, 1, 2)
+QREG_TYPE(Q5_K, 256, 32, 5, 0, 1, 2)
+QREG_TYPE(Q6_K, 256, 16, 6, 32, 1, 0)
+
+static const qreg_fn (*const QREG_TABLES[8])[5] = {QREG_Q8_0, QREG_Q4_0, QREG_Q4_1, QREG_Q5_0,
+                                                    QREG_Q5_1, QREG_Q4_K, QREG_Q5_K, QREG_Q6_K};
+
+/* Groups per in-register tile by row count. A row's chains are as many as its tile's vectors, and
+   the fused multiply-adds' latency needs about eight in flight: AVX2 (two registers per group) takes
+   2 groups for one row, 1 from two rows on (more spill: measured on SmolLM2's shapes, 2 cores);
+   AVX-512's 32 registers take 4 groups for one row and 2 beyond. */
+#if LS_ISA == 512
+static const int QREG_WIDTH[QREG_R + 1] = {0, 4, 2, 2, 2};
+#else
+static const int QREG_WIDTH[QREG_R + 1] = {0, 2, 1, 1, 1};
+#endif
+
+/* Rows [0, M) (M <= QREG_R) x groups [b0, b1) in registers. */
+static void run_blocks_reg(const float *x, long M, long K, const planes *P, int type, long N, const float *bias,
+                           float *y, long b0, long b1) {
+    const qreg_fn (*table)[5] = QREG_TABLES[type];
+    for (long b = b0; b < b1;) {
+        int c = QREG_WIDTH[M];
+        while (b + c > b1) c /= 2;
+        long cols = N - b * 16;
+        if (cols > 16L * c) cols = 16L * c;
+        table[c][M](x, K, P, b, K, y + b * 16, N, bias ? bias + b * 16 : NULL, cols);
+        b += c;
+    }
+}
+
 /* One tile over a chunk of k: R rows x C blocks continuing the chains in acc [R][C][16] (zero
    before the first chunk), the chunk's weights wp [C][kn][16]; after the last chunk (y != NULL)
    the sums go to y (+ bias) as the float kernel's tiles put them. Storing and reloading an
@@ -375,6 +519,10 @@ TILEK(1, 2) TILEK(2, 2) TILEK(3, 2)
 static const tilek_fn K2[4] = {0, tilek_1_2, tilek_2_2, tilek_3_2};
 static const tilek_fn K3[2] = {0, 0};
 static const tilek_fn K4[2] = {0, 0};
+#endif
+
+#ifndef QBUF_ROWS
+#define QBUF_ROWS 6
 #endif
 
 /* Values of k per chunk: a 4-block chunk's weights (32 KB) stay in L1 while every row tile reads them. */
@@ -431,16 +579,24 @@ void matmul_quant(const float *x, long M, long K, const int8_t *q, const uint8_t
     long nb = (N + 15) / 16;
     shape sh = tile_shape(M);
     int width = sh.width, rows = sh.rows; /* no prefetch: the buffer is in cache */
+#if LS_ISA != 512
+    /* From the buffer nothing streams from memory, so AVX2 takes its compute-bound shape at any row
+       count: 1-block tiles of up to 6 rows (12 accumulators, no spills). */
+    width = 1, rows = QBUF_ROWS;
+#endif
     if (nthreads < 1) nthreads = 1;
     if (nb < nthreads) nthreads = (int)nb;
     if (nthreads == 1) {
-        run_blocks_q(x, M, K, &P, type, N, bias, y, 0, nb, width, rows);
+        if (M <= QREG_R) run_blocks_reg(x, M, K, &P, type, N, bias, y, 0, nb);
+        else run_blocks_q(x, M, K, &P, type, N, bias, y, 0, nb, width, rows);
         return;
     }
 #pragma omp parallel num_threads(nthreads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        run_blocks_q(x, M, K, &P, type, N, bias, y, nb * t / nt, nb * (t + 1) / nt, width, rows);
+        long b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
+        if (M <= QREG_R) run_blocks_reg(x, M, K, &P, type, N, bias, y, b0, b1);
+        else run_blocks_q(x, M, K, &P, type, N, bias, y, b0, b1, width, rows);
     }
 }
 
