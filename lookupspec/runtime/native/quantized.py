@@ -1,14 +1,15 @@
-"""GGUF-quantized linear weights multiplied as they are, by ``matmul.c``'s ``matmul_quant``.
+"""GGUF-quantized linear weights multiplied as they are, by ``matmul_quant`` (``matmul_quant.h``).
 
 A GGUF tensor of type Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K stores each weight row as
 blocks of 32 or 256 values: small integers and a float16 scale (and minimum) per block or sub-block.
 :func:`regroup` turns a tensor's raw blocks ``[rows, row_bytes]`` into the kernel's planes: the same
 fields, about the same bytes (the 6-bit K-quant scales take a byte each), ordered so that the k-th
 values of 16 consecutive rows are adjacent. ``matmul_quant`` dequantizes 16 rows at a time with
-gguf's own float32 operations (``gguf.quants``: e.g. ``(d * sc) * q - dmin * m`` for Q4_K, each
-product and sum rounded on its own) into a cache-sized buffer and runs the float32 kernel's tiles
-over it. So a product's every output is, bit for bit, what the float32 kernel gives on the weights
-gguf dequantizes, while a step reads the quantized bytes from memory instead of four per weight.
+gguf's own float32 operations (``gguf.quants``: e.g. ``(d * sc) * q - dmin * m`` for Q4_K), in
+registers right before the multiply-adds for up to 4 rows, or into a cache-sized buffer that the
+float32 kernel's tiles run over for more. So a product's every output is, bit for bit, what the
+float32 kernel gives on the weights gguf dequantizes, while a step reads the quantized bytes from
+memory instead of four per weight.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ QUANT_TYPES: dict[str, tuple[int, int, int]] = {
     "Q5_1": (4, 32, 24), "Q4_K": (5, 256, 144), "Q5_K": (6, 256, 176), "Q6_K": (7, 256, 210),
 }
 _PLANES = ("q", "hb", "d", "dm", "sc", "mn")
+_WORDS = ("Q4_0", "Q4_1", "Q4_K")  # 4-bit values with no high bits: the q plane in words (matmul_quant.h)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -120,6 +122,9 @@ def regroup(kind: str, raw: np.ndarray, in_features: int) -> dict[str, np.ndarra
     planes: dict[str, np.ndarray] = {}
     if kind == "Q8_0":
         planes["q"] = _grouped(q.view(np.int8))
+    elif kind in _WORDS:  # 32-bit words, nibble t of word j holding value 8j + t
+        v = q.astype(np.uint32).reshape(q.shape[0], -1, 8) << (4 * np.arange(8, dtype=np.uint32))
+        planes["q"] = _grouped(np.bitwise_or.reduce(v, axis=-1)).view(np.int32)
     else:
         low = (q & 0x0F).reshape(q.shape[0], -1, 2, 16)  # k = 32 c + 16 h + i
         planes["q"] = _grouped((low[:, :, 0] | (low[:, :, 1] << 4)).reshape(q.shape[0], -1)).view(np.int8)

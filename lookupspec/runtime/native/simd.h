@@ -36,6 +36,14 @@ static inline __m256 v_fold(vec v) {
 static inline vec v_from_i8(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
 /* 16 float16 -> 16 floats (exact) */
 static inline vec v_from_f16(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+/* Nibble t (0..7) of 16 words at p, minus off, as floats (exact): times 16^t for t < 7 (masked in
+   place, no shift), times 1 for t = 7 (shifted down: in place it would reach the sign bit). */
+static inline vec v_nibble(const int *p, int t, int off) {
+    __m512i w = _mm512_loadu_si512(p);
+    __m512i m = t < 7 ? _mm512_and_si512(w, _mm512_set1_epi32(0xF << (4 * t))) : _mm512_srli_epi32(w, 28);
+    if (off) m = _mm512_sub_epi32(m, _mm512_set1_epi32(t < 7 ? off << (4 * t) : off));
+    return _mm512_cvtepi32_ps(m);
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #define LS_ISA 256
 typedef struct { __m256 lo, hi; } vec;
@@ -64,6 +72,15 @@ static inline vec v_from_i8(__m128i q) {
 }
 static inline vec v_from_f16(const void *p) {
     LS_V2(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p + 1)));
+}
+static inline __m256 ls_nibble_half(__m256i w, int t, int off) {
+    __m256i m = t < 7 ? _mm256_and_si256(w, _mm256_set1_epi32(0xF << (4 * t))) : _mm256_srli_epi32(w, 28);
+    if (off) m = _mm256_sub_epi32(m, _mm256_set1_epi32(t < 7 ? off << (4 * t) : off));
+    return _mm256_cvtepi32_ps(m);
+}
+static inline vec v_nibble(const int *p, int t, int off) {
+    LS_V2(ls_nibble_half(_mm256_loadu_si256((const __m256i *)p), t, off),
+          ls_nibble_half(_mm256_loadu_si256((const __m256i *)p + 1), t, off));
 }
 #else
 #error "lookupspec's CPU kernels need AVX-512F or AVX2 with FMA"

@@ -1,0 +1,493 @@
+/* ------------------------------------------------------------------------------------------------
+   Quantized weights (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), multiplied without a
+   float copy of the model: each panel of 16-column blocks is dequantized, KCHUNK values of k at a
+   time, into a per-thread buffer that stays in L1, and every row tile of the product runs over it,
+   continuing its fused multiply-add chains where the previous chunk left them. So every output is the
+   float kernel's chain on the dequantized weights, bit for bit, and all the rows of a product reuse
+   one dequantization of each block.
+
+   The weights are regrouped at load (quantized.py) by 16 output rows, each field a plane whose
+   innermost dimension is the group's 16 rows, so the k-th weights of 16 rows are one 16-lane
+   vector: group g of a plane starts at g times the plane's bytes per group.
+     q   kind 8 (Q8_0): int8 [K][16]. Kind 4 (Q4_0, Q4_1, Q4_K): 32-bit words [K/8][16], nibble t
+         of word j holding value 8j + t, so that 16 rows' value k is one masked vector (v_nibble).
+         Kinds 5 and 6 (their 4 low bits): [K/32][16][16] bytes, byte i of chunk c holding value
+         32c + i in its low nibble and 32c + 16 + i in its high one
+     hb  the values' high bits: kind 5 one bit [K/8][16] (bit k % 8), kind 6 two [K/4][16]
+         (bits 2 (k % 4), +1)
+     d   float16 [K/bs][16] per block; dm float16 [K/bs][16] (Q4_1, Q5_1: the block's minimum;
+         K-quants: dmin)
+     sc  int8 [K/ss][16] per sub-block (K-quants' scales); mn int8 [K/ss][16] (Q4_K, Q5_K: mins)
+   A weight is gguf's dequantization with its float32 operations, each rounded on its own (this file
+   is built with -ffp-contract=off):
+     w = A * (q - off) [+ B | - B],  A = d [* sc],  B = dm [* mn]
+   as gguf.quants computes it: Q4_1 d * q + m; Q4_K (d * sc) * q - (dmin * m); Q6_K (d * sc) * q.
+   Kind 4 multiplies A * 16^-t by (q - off) * 16^t (the nibble masked in place): the same exact
+   product, so the same weight. */
+
+#include <stdint.h>
+#include <stdlib.h>
+
+typedef struct {
+    const int8_t *q; const uint8_t *hb; const uint16_t *d, *dm; const int8_t *sc, *mn;
+} planes;
+
+enum { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
+
+/* The scale and offset of sub-block s: A = d [* sc], B = dm or -(dmin * mn) (16 rows each; the sign
+   flipped by a multiply by -1, exact for zeros too). */
+static inline __attribute__((always_inline)) void
+scales(const uint16_t *d, const uint16_t *dm, const int8_t *sc, const int8_t *mn, long s, long blk, int has_sc,
+       int minmode, vec *A, vec *B) {
+    *A = v_from_f16(d + blk * 16);
+    *B = v_zero();
+    if (has_sc) *A = v_mul(*A, v_from_i8(_mm_loadu_si128((const __m128i *)(sc + s * 16))));
+    if (minmode) *B = v_from_f16(dm + blk * 16);
+    if (minmode == 2) *B = v_mul(v_set(-1.0f), v_mul(*B, v_from_i8(_mm_loadu_si128((const __m128i *)(mn + s * 16)))));
+}
+
+/* w = A * q [+ B | - B] for 16 values q (int8). With a minimum the product A * q is exact in float32
+   (A has at most 17 significant bits, q at most 5: gguf's own multiply does not round it), so the
+   one rounding of a fused multiply-add is the rounding of gguf's separate add: one instruction
+   instead of two, the same bits. `scales` hands over -B where gguf subtracts. */
+static inline __attribute__((always_inline)) vec weights16(__m128i q, vec A, vec B, int minmode) {
+    return minmode ? v_fma(A, v_from_i8(q), B) : v_mul(A, v_from_i8(q));
+}
+
+static inline __attribute__((always_inline)) void
+put_weights(float *out, __m128i q, vec A, vec B, int minmode) {
+    v_store(out, weights16(q, A, B, minmode));
+}
+
+/* A * 16^-t for t = 0..7 (t = 7: A; see v_nibble), exact: a power of two, far from underflow. */
+static inline __attribute__((always_inline)) void nibble_scales(vec A, vec At[8]) {
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) At[t] = t < 7 ? v_mul(A, v_set(1.0f / (float)(1 << (4 * t)))) : A;
+}
+
+/* The weight of nibble t of the 16 words at p (kind 4), At = nibble_scales of A. */
+static inline __attribute__((always_inline)) vec
+weights_nibble(const int *p, int t, int off, vec At, vec B, int minmode) {
+    vec q = v_nibble(p, t, off);
+    return minmode ? v_fma(At, q, B) : v_mul(At, q);
+}
+
+/* Values [kb, ke) of group g of the planes (16 rows) dequantized into out [ke - kb][16], 32 values (one chunk of the 4-bit
+   plane: byte i gives values i and 16 + i) at a time; ss is 32 or 16, so a chunk holds one or two
+   sub-blocks. */
+static inline __attribute__((always_inline)) void
+dequant_group(const planes *P, long g, long K, long kb, long ke, float *out, int bs, int ss, int kind, int off,
+              int has_sc, int minmode) {
+    long nb = K / bs, ns = K / ss;
+    const int8_t *q = P->q + g * (kind == 8 ? K * 16 : K * 8);
+    const uint8_t *hb = kind == 5 ? P->hb + g * K * 2 : kind == 6 ? P->hb + g * K * 4 : NULL;
+    const uint16_t *d = P->d + g * nb * 16, *dm = minmode ? P->dm + g * nb * 16 : NULL;
+    const int8_t *sc = has_sc ? P->sc + g * ns * 16 : NULL, *mn = minmode == 2 ? P->mn + g * ns * 16 : NULL;
+    const __m128i low = _mm_set1_epi8(0x0F), offset = _mm_set1_epi8((char)off);
+    for (long c = kb / 32; c < ke / 32; c++) {
+        long k0 = 32 * c, s0 = k0 / ss, s1 = (k0 + 16) / ss;
+        vec A0, B0, A1, B1;
+        scales(d, dm, sc, mn, s0, k0 / bs, has_sc, minmode, &A0, &B0);
+        if (s1 != s0) scales(d, dm, sc, mn, s1, k0 / bs, has_sc, minmode, &A1, &B1);
+        else A1 = A0, B1 = B0;
+        float *o = out + (k0 - kb) * 16;
+        if (kind == 4) { /* s1 == s0: a chunk is one block or sub-block */
+            const int *qw = (const int *)(P->q + g * K * 8) + (k0 / 8) * 16;
+            vec At[8];
+            nibble_scales(A0, At);
+            for (int j = 0; j < 4; j++)
+#pragma GCC unroll 8
+                for (int t = 0; t < 8; t++)
+                    v_store(o + (8 * j + t) * 16, weights_nibble(qw + j * 16, t, off, At[t], B0, minmode));
+            continue;
+        }
+        if (kind == 8) {
+            const int8_t *qc = q + k0 * 16;
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                put_weights(o + i * 16, _mm_loadu_si128((const __m128i *)(qc + i * 16)), A0, B0, minmode);
+                put_weights(o + (16 + i) * 16, _mm_loadu_si128((const __m128i *)(qc + (16 + i) * 16)), A1, B1,
+                            minmode);
+            }
+            continue;
+        }
+        const int8_t *qc = q + c * 256;
+        const uint8_t *hc = kind == 5 ? hb + c * 64 : kind == 6 ? hb + c * 128 : NULL;
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(qc + i * 16));
+            __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+            if (kind == 5) { /* bit k % 8 of byte k / 8: k = 32 c + i and 32 c + 16 + i */
+                __m128i h0 = _mm_loadu_si128((const __m128i *)(hc + (i >> 3) * 16));
+                __m128i h1 = _mm_loadu_si128((const __m128i *)(hc + (2 + (i >> 3)) * 16));
+                const __m128i one = _mm_set1_epi8(1);
+                lo = _mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h0, i & 7), one), 4));
+                hi = _mm_or_si128(hi, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h1, i & 7), one), 4));
+            }
+            if (kind == 6) { /* bits 2 (k % 4), +1 of byte k / 4 */
+                __m128i h0 = _mm_loadu_si128((const __m128i *)(hc + (i >> 2) * 16));
+                __m128i h1 = _mm_loadu_si128((const __m128i *)(hc + (4 + (i >> 2)) * 16));
+                int sh = 2 * (i & 3);
+                const __m128i three = _mm_set1_epi8(3);
+                lo = _mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h0, sh), three), 4));
+                hi = _mm_or_si128(hi, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h1, sh), three), 4));
+            }
+            if (off) {
+                lo = _mm_sub_epi8(lo, offset);
+                hi = _mm_sub_epi8(hi, offset);
+            }
+            put_weights(o + i * 16, lo, A0, B0, minmode);
+            put_weights(o + (16 + i) * 16, hi, A1, B1, minmode);
+        }
+    }
+}
+
+static void dequant(const planes *P, int type, long g, long K, long kb, long ke, float *out) {
+    switch (type) {
+    case Q8_0: dequant_group(P, g, K, kb, ke, out, 32, 32, 8, 0, 0, 0); break;
+    case Q4_0: dequant_group(P, g, K, kb, ke, out, 32, 32, 4, 8, 0, 0); break;
+    case Q4_1: dequant_group(P, g, K, kb, ke, out, 32, 32, 4, 0, 0, 1); break;
+    case Q5_0: dequant_group(P, g, K, kb, ke, out, 32, 32, 5, 16, 0, 0); break;
+    case Q5_1: dequant_group(P, g, K, kb, ke, out, 32, 32, 5, 0, 0, 1); break;
+    case Q4_K: dequant_group(P, g, K, kb, ke, out, 256, 32, 4, 0, 1, 2); break;
+    case Q5_K: dequant_group(P, g, K, kb, ke, out, 256, 32, 5, 0, 1, 2); break;
+    case Q6_K: dequant_group(P, g, K, kb, ke, out, 256, 16, 6, 32, 1, 0); break;
+    default: break;
+    }
+}
+
+/* 16 values of one half of a 4-bit chunk as int8: byte i of the chunk's vector i holds value i in its
+   low nibble (h = 0) and value 16 + i in its high one (h = 1), with the high bits of kinds 5 and 6
+   (hc: the chunk's high-bit rows) and the offset applied. */
+static inline __attribute__((always_inline)) __m128i
+nibbles(const int8_t *qc, const uint8_t *hc, int i, int h, int kind, int off) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    __m128i b = _mm_loadu_si128((const __m128i *)(qc + i * 16));
+    __m128i v = h ? _mm_and_si128(_mm_srli_epi16(b, 4), low) : _mm_and_si128(b, low);
+    if (kind == 5) {
+        __m128i hbits = _mm_loadu_si128((const __m128i *)(hc + (2 * h + (i >> 3)) * 16));
+        v = _mm_or_si128(v, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(hbits, i & 7), _mm_set1_epi8(1)), 4));
+    }
+    if (kind == 6) {
+        __m128i hbits = _mm_loadu_si128((const __m128i *)(hc + (4 * h + (i >> 2)) * 16));
+        v = _mm_or_si128(v, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(hbits, 2 * (i & 3)), _mm_set1_epi8(3)), 4));
+    }
+    if (off) v = _mm_sub_epi8(v, _mm_set1_epi8((char)off));
+    return v;
+}
+
+#define QREG_R 4 /* the most rows the in-register tiles take */
+#define QREG_C 4 /* the most groups of 16 output rows a tile takes */
+
+/* A few rows straight from the quantized planes: R rows x C groups (16 output rows each, groups
+   g0 .. g0 + C - 1), every weight dequantized in registers right before the fused multiply-adds
+   that use it, k from 0 to K - 1 in order: the float kernel's chains on the same weights, with no
+   buffer in between. For a decode step's rows, where the buffered path spends more on storing and
+   reloading the weights than on the products. */
+static inline __attribute__((always_inline)) void
+qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, long ldy, const float *bias,
+          long cols, const int R, const int C, int bs, int ss, int kind, int off, int has_sc, int minmode) {
+    long nb = K / bs, ns = K / ss;
+    vec acc[QREG_R][QREG_C]; /* fixed sizes, constant indices once inlined: all in registers */
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[r][c] = v_zero();
+    for (long cc = 0; cc < K / 32 && kind == 4; cc++) {
+        long k0 = 32 * cc;
+        /* a chunk is one block or sub-block: one scale per group; the 8 nibble scales kept in
+           memory, each read by its multiply-add (registers are for the accumulators) */
+        float At[QREG_C][8][16] __attribute__((aligned(64)));
+        vec B[QREG_C];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            long g = g0 + c;
+            vec A, T[8];
+            scales(P->d + g * nb * 16, minmode ? P->dm + g * nb * 16 : NULL,
+                   has_sc ? P->sc + g * ns * 16 : NULL, minmode == 2 ? P->mn + g * ns * 16 : NULL,
+                   k0 / ss, k0 / bs, has_sc, minmode, &A, &B[c]);
+            nibble_scales(A, T);
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) v_store(At[c][t], T[t]);
+        }
+        for (int j = 0; j < 4; j++) {
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                long k = k0 + 8 * j + t;
+                vec w[QREG_C];
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++)
+                    w[c] = weights_nibble((const int *)(P->q + (g0 + c) * K * 8) + (k / 8) * 16, t, off,
+                                          v_load(At[c][t]), B[c], minmode);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    vec a = v_set(x[r * ldx + k]);
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; c++) acc[r][c] = v_fma(a, w[c], acc[r][c]);
+                }
+                __asm__ volatile("" ::: "memory"); /* (as below) */
+            }
+        }
+    }
+    for (long cc = 0; cc < K / 32 && kind != 4; cc++) {
+        long k0 = 32 * cc;
+#pragma GCC unroll 1 /* (unrolled, the compiler keeps the chunk's 16 byte vectors for the second half, and spills them) */
+        for (int h = 0; h < 2; h++) {
+            vec A[QREG_C], B[QREG_C];
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) {
+                long g = g0 + c;
+                scales(P->d + g * nb * 16, minmode ? P->dm + g * nb * 16 : NULL,
+                       has_sc ? P->sc + g * ns * 16 : NULL, minmode == 2 ? P->mn + g * ns * 16 : NULL,
+                       (k0 + 16 * h) / ss, k0 / bs, has_sc, minmode, &A[c], &B[c]);
+            }
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                long k = k0 + 16 * h + i;
+                vec w[QREG_C];
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++) {
+                    long g = g0 + c;
+                    __m128i q;
+                    if (kind == 8) q = _mm_loadu_si128((const __m128i *)(P->q + g * K * 16 + k * 16));
+                    else
+                        q = nibbles(P->q + g * K * 8 + cc * 256,
+                                    kind == 5 ? P->hb + g * K * 2 + cc * 64 : kind == 6 ? P->hb + g * K * 4 + cc * 128 : NULL,
+                                    i, h, kind, off);
+                    w[c] = weights16(q, A[c], B[c], minmode);
+                }
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    vec a = v_set(x[r * ldx + k]);
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; c++) acc[r][c] = v_fma(a, w[c], acc[r][c]);
+                }
+                /* Keeps each value's loads in its own iteration: without it the compiler hoists
+                   the chunk's loads ahead and spills them to the stack. */
+                __asm__ volatile("" ::: "memory");
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) {
+        long left = cols - c * 16;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+            if (left > 0) put(y + r * ldy + c * 16, acc[r][c], bias ? bias + c * 16 : NULL, left);
+    }
+}
+
+typedef void (*qreg_fn)(const float *, long, const planes *, long, long, float *, long, const float *, long);
+
+#define QREG(T, R, C, bs, ss, kind, off, has_sc, minmode)                                             \
+    static void qreg_##T##_##R##_##C(const float *x, long ldx, const planes *P, long g0, long K, float *y,   \
+                                     long ldy, const float *bias, long cols) {                          \
+        qreg_tile(x, ldx, P, g0, K, y, ldy, bias, cols, R, C, bs, ss, kind, off, has_sc, minmode);       \
+    }
+/* Per type, tiles of QREG_C groups and 1 .. QREG_R rows, and 1 group for the last odd group. */
+/* Per type, tiles of 1 .. QREG_R rows and 1, 2 or 4 groups. */
+#define QREG_TYPE(T, ...)                                                                            \
+    QREG(T, 1, 1, __VA_ARGS__) QREG(T, 2, 1, __VA_ARGS__) QREG(T, 3, 1, __VA_ARGS__) QREG(T, 4, 1, __VA_ARGS__) \
+    QREG(T, 1, 2, __VA_ARGS__) QREG(T, 2, 2, __VA_ARGS__) QREG(T, 3, 2, __VA_ARGS__) QREG(T, 4, 2, __VA_ARGS__) \
+    QREG(T, 1, 4, __VA_ARGS__) QREG(T, 2, 4, __VA_ARGS__) QREG(T, 3, 4, __VA_ARGS__) QREG(T, 4, 4, __VA_ARGS__) \
+    static const qreg_fn QREG_##T[5][5] = {                                                           \
+        {0}, {0, qreg_##T##_1_1, qreg_##T##_2_1, qreg_##T##_3_1, qreg_##T##_4_1},                       \
+        {0, qreg_##T##_1_2, qreg_##T##_2_2, qreg_##T##_3_2, qreg_##T##_4_2}, {0},                       \
+        {0, qreg_##T##_1_4, qreg_##T##_2_4, qreg_##T##_3_4, qreg_##T##_4_4}};
+
+QREG_TYPE(Q8_0, 32, 32, 8, 0, 0, 0)
+QREG_TYPE(Q4_0, 32, 32, 4, 8, 0, 0)
+QREG_TYPE(Q4_1, 32, 32, 4, 0, 0, 1)
+QREG_TYPE(Q5_0, 32, 32, 5, 16, 0, 0)
+QREG_TYPE(Q5_1, 32, 32, 5, 0, 0, 1)
+QREG_TYPE(Q4_K, 256, 32, 4, 0, 1, 2)
+QREG_TYPE(Q5_K, 256, 32, 5, 0, 1, 2)
+QREG_TYPE(Q6_K, 256, 16, 6, 32, 1, 0)
+
+static const qreg_fn (*const QREG_TABLES[8])[5] = {QREG_Q8_0, QREG_Q4_0, QREG_Q4_1, QREG_Q5_0,
+                                                    QREG_Q5_1, QREG_Q4_K, QREG_Q5_K, QREG_Q6_K};
+
+/* Groups per in-register tile by row count. A row's chains are as many as its tile's vectors, and
+   the fused multiply-adds' latency needs about eight in flight: AVX2 (two registers per group) takes
+   2 groups for one row, 1 from two rows on (more spill: measured on SmolLM2's shapes, 2 cores);
+   AVX-512's 32 registers take 4 groups for one row and 2 beyond. */
+#if LS_ISA == 512
+static const int QREG_WIDTH[QREG_R + 1] = {0, 4, 2, 2, 2};
+#else
+static const int QREG_WIDTH[QREG_R + 1] = {0, 2, 1, 1, 1};
+#endif
+
+/* Rows [0, M) (M <= QREG_R) x groups [b0, b1) in registers. */
+static void run_blocks_reg(const float *x, long M, long K, const planes *P, int type, long N, const float *bias,
+                           float *y, long b0, long b1) {
+    const qreg_fn (*table)[5] = QREG_TABLES[type];
+    for (long b = b0; b < b1;) {
+        int c = QREG_WIDTH[M];
+        while (b + c > b1) c /= 2;
+        long cols = N - b * 16;
+        if (cols > 16L * c) cols = 16L * c;
+        table[c][M](x, K, P, b, K, y + b * 16, N, bias ? bias + b * 16 : NULL, cols);
+        b += c;
+    }
+}
+
+/* One tile over a chunk of k: R rows x C blocks continuing the chains in acc [R][C][16] (zero
+   before the first chunk), the chunk's weights wp [C][kn][16]; after the last chunk (y != NULL)
+   the sums go to y (+ bias) as the float kernel's tiles put them. Storing and reloading an
+   accumulator is exact, so the chains are the float kernel's. */
+#define TILEK(R, C)                                                                                 \
+    static void tilek_##R##_##C(const float *x, long ldx, const float *wp, long kn, float *accp,       \
+                                float *y, long ldy, const float *bias, long cols) {                   \
+        vec acc[R][C];                                                                               \
+        for (int r = 0; r < R; r++)                                                                  \
+            for (int c = 0; c < C; c++) acc[r][c] = v_load(accp + (r * C + c) * 16);                  \
+        for (long k = 0; k < kn; k++) {                                                              \
+            vec w[C];                                                                                \
+            for (int c = 0; c < C; c++) w[c] = v_load(wp + ((long)c * kn + k) * 16);                 \
+            for (int r = 0; r < R; r++) {                                                            \
+                float a = x[r * ldx + k];                                                            \
+                for (int c = 0; c < C; c++) acc[r][c] = v_fma(v_set(a), w[c], acc[r][c]);            \
+            }                                                                                        \
+        }                                                                                            \
+        if (!y) {                                                                                    \
+            for (int r = 0; r < R; r++)                                                              \
+                for (int c = 0; c < C; c++) v_store(accp + (r * C + c) * 16, acc[r][c]);              \
+            return;                                                                                  \
+        }                                                                                            \
+        for (int c = 0; c < C && c * 16 < cols; c++) {                                               \
+            long left = cols - c * 16;                                                               \
+            for (int r = 0; r < R; r++)                                                              \
+                put(y + r * ldy + c * 16, acc[r][c], bias ? bias + c * 16 : NULL, left);             \
+        }                                                                                            \
+    }
+
+typedef void (*tilek_fn)(const float *, long, const float *, long, float *, float *, long, const float *, long);
+
+TILEK(1, 1) TILEK(2, 1) TILEK(3, 1) TILEK(4, 1) TILEK(5, 1) TILEK(6, 1)
+static const tilek_fn K1[7] = {0, tilek_1_1, tilek_2_1, tilek_3_1, tilek_4_1, tilek_5_1, tilek_6_1};
+#if LS_ISA == 512
+TILEK(1, 2) TILEK(2, 2) TILEK(3, 2) TILEK(4, 2) TILEK(5, 2) TILEK(6, 2)
+TILEK(7, 2) TILEK(8, 2) TILEK(9, 2) TILEK(10, 2) TILEK(11, 2) TILEK(12, 2)
+TILEK(1, 3) TILEK(2, 3) TILEK(3, 3) TILEK(4, 3) TILEK(5, 3) TILEK(6, 3) TILEK(7, 3) TILEK(8, 3)
+TILEK(1, 4) TILEK(2, 4) TILEK(3, 4) TILEK(4, 4) TILEK(5, 4) TILEK(6, 4)
+static const tilek_fn K2[13] = {0, tilek_1_2, tilek_2_2, tilek_3_2, tilek_4_2, tilek_5_2, tilek_6_2,
+                                tilek_7_2, tilek_8_2, tilek_9_2, tilek_10_2, tilek_11_2, tilek_12_2};
+static const tilek_fn K3[9] = {0, tilek_1_3, tilek_2_3, tilek_3_3, tilek_4_3, tilek_5_3, tilek_6_3, tilek_7_3,
+                               tilek_8_3};
+static const tilek_fn K4[7] = {0, tilek_1_4, tilek_2_4, tilek_3_4, tilek_4_4, tilek_5_4, tilek_6_4};
+#else
+TILEK(1, 2) TILEK(2, 2) TILEK(3, 2)
+static const tilek_fn K2[4] = {0, tilek_1_2, tilek_2_2, tilek_3_2};
+static const tilek_fn K3[2] = {0, 0};
+static const tilek_fn K4[2] = {0, 0};
+#endif
+
+#ifndef QBUF_ROWS
+#define QBUF_ROWS 6
+#endif
+
+/* Values of k per chunk: a 4-block chunk's weights (32 KB) stay in L1 while every row tile reads them. */
+#define KCHUNK 128
+
+/* A thread's panel buffer, grown as needed and kept (a decode step calls this ~120 times). */
+static __thread float *panel_buf;
+static __thread size_t panel_cap;
+
+static float *panel(size_t floats) {
+    if (floats > panel_cap) {
+        free(panel_buf);
+        panel_buf = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
+        panel_cap = panel_buf ? floats : 0;
+    }
+    return panel_buf;
+}
+
+static void run_blocks_q(const float *x, long M, long K, const planes *P, int type, long N, const float *bias,
+                         float *y, long b0, long b1, int width, int rows) {
+    float *buf = panel((size_t)width * KCHUNK * 16 + (size_t)M * width * 16);
+    if (!buf) return;
+    float *accs = buf + (size_t)width * KCHUNK * 16; /* [tile][R][C][16], the tiles one after another */
+    long b = b0;
+    while (b < b1) {
+        int c = width;
+        while (c > 1 && b + c > b1) c = c == 3 ? 2 : c / 2;
+        int rmax = c == 4 ? RMAX4 : c == 3 ? RMAX3 : c == 2 ? RMAX2 : 6;
+        int step = rows < rmax ? rows : rmax;
+        const tilek_fn *table = c == 4 ? K4 : c == 3 ? K3 : c == 2 ? K2 : K1;
+        long cols = N - b * 16;
+        if (cols > 16L * c) cols = 16L * c;
+        memset(accs, 0, sizeof(float) * (size_t)M * c * 16);
+        for (long k0 = 0; k0 < K; k0 += KCHUNK) {
+            long kn = K - k0 < KCHUNK ? K - k0 : KCHUNK;
+            int last = k0 + kn == K;
+            for (int j = 0; j < c; j++) dequant(P, type, b + j, K, k0, k0 + kn, buf + j * kn * 16);
+            for (long m0 = 0; m0 < M; m0 += step) {
+                long r = M - m0 < step ? M - m0 : step;
+                table[r](x + m0 * K + k0, K, buf, kn, accs + m0 * c * 16, last ? y + m0 * N + b * 16 : NULL, N,
+                         bias ? bias + b * 16 : NULL, cols);
+            }
+        }
+        b += c;
+    }
+}
+
+/* y [M][N] = x [M][K] @ W.T (+ bias) for W quantized as `type` in the planes above (N rounded up to
+   16 rows there, the extra rows zero); the same tile shapes as matmul_f32. */
+void matmul_quant(const float *x, long M, long K, const int8_t *q, const uint8_t *hb, const uint16_t *d,
+                  const uint16_t *dm, const int8_t *sc, const int8_t *mn, int type, long N, const float *bias,
+                  float *y, int nthreads) {
+    planes P = {q, hb, d, dm, sc, mn};
+    long nb = (N + 15) / 16;
+    shape sh = tile_shape(M);
+    int width = sh.width, rows = sh.rows; /* no prefetch: the buffer is in cache */
+#if LS_ISA != 512
+    /* From the buffer nothing streams from memory, so AVX2 takes its compute-bound shape at any row
+       count: 1-block tiles of up to 6 rows (12 accumulators, no spills). */
+    width = 1, rows = QBUF_ROWS;
+#endif
+    if (nthreads < 1) nthreads = 1;
+    if (nb < nthreads) nthreads = (int)nb;
+    if (nthreads == 1) {
+        if (M <= QREG_R) run_blocks_reg(x, M, K, &P, type, N, bias, y, 0, nb);
+        else run_blocks_q(x, M, K, &P, type, N, bias, y, 0, nb, width, rows);
+        return;
+    }
+#pragma omp parallel num_threads(nthreads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        long b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
+        if (M <= QREG_R) run_blocks_reg(x, M, K, &P, type, N, bias, y, b0, b1);
+        else run_blocks_q(x, M, K, &P, type, N, bias, y, b0, b1, width, rows);
+    }
+}
+
+/* The weights as floats, out [N][K]: what matmul_quant multiplies. */
+void matmul_quant_dequant(const int8_t *q, const uint8_t *hb, const uint16_t *d, const uint16_t *dm,
+                          const int8_t *sc, const int8_t *mn, int type, long N, long K, float *out) {
+    planes P = {q, hb, d, dm, sc, mn};
+    float *buf = aligned_alloc(64, (size_t)K * 16 * sizeof(float));
+    if (!buf) return;
+    for (long g = 0; g < (N + 15) / 16; g++) {
+        dequant(&P, type, g, K, 0, K, buf);
+        for (long l = 0; l < 16 && g * 16 + l < N; l++)
+            for (long k = 0; k < K; k++) out[(g * 16 + l) * K + k] = buf[k * 16 + l];
+    }
+    free(buf);
+}
+
+/* Rows ids[0..n) of the weights as floats, out [n][K] (an embedding lookup): each row's group
+   dequantized, the row's lane kept; the values are matmul_quant_dequant's. */
+void matmul_quant_rows(const int8_t *q, const uint8_t *hb, const uint16_t *d, const uint16_t *dm,
+                       const int8_t *sc, const int8_t *mn, int type, long K, const long *ids, long n, float *out) {
+    planes P = {q, hb, d, dm, sc, mn};
+    float *buf = panel((size_t)KCHUNK * 16);
+    if (!buf) return;
+    for (long i = 0; i < n; i++) {
+        long g = ids[i] / 16, l = ids[i] % 16;
+        for (long k0 = 0; k0 < K; k0 += KCHUNK) {
+            long kn = K - k0 < KCHUNK ? K - k0 : KCHUNK;
+            dequant(&P, type, g, K, k0, k0 + kn, buf);
+            for (long k = 0; k < kn; k++) out[i * K + k0 + k] = buf[k * 16 + l];
+        }
+    }
+}
