@@ -50,13 +50,13 @@ scales(const uint16_t *d, const uint16_t *dm, const int8_t *sc, const int8_t *mn
    (A has at most 17 significant bits, q at most 5: gguf's own multiply does not round it), so the
    one rounding of a fused multiply-add is the rounding of gguf's separate add: one instruction
    instead of two, the same bits. `scales` hands over -B where gguf subtracts. */
-static inline __attribute__((always_inline)) vec weights16(__m128i q, vec A, vec B, int minmode) {
-    return minmode ? v_fma(A, v_from_i8(q), B) : v_mul(A, v_from_i8(q));
+static inline __attribute__((always_inline)) vec weights16(vec q, vec A, vec B, int minmode) {
+    return minmode ? v_fma(A, q, B) : v_mul(A, q);
 }
 
 static inline __attribute__((always_inline)) void
 put_weights(float *out, __m128i q, vec A, vec B, int minmode) {
-    v_store(out, weights16(q, A, B, minmode));
+    v_store(out, weights16(v_from_i8(q), A, B, minmode));
 }
 
 /* A * 16^-t for t = 0..7 (t = 7: A; see v_nibble), exact: a power of two, far from underflow. */
@@ -105,9 +105,8 @@ dequant_group(const planes *P, long g, long K, long kb, long ke, float *out, int
             const int8_t *qc = q + k0 * 16;
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++) {
-                put_weights(o + i * 16, _mm_loadu_si128((const __m128i *)(qc + i * 16)), A0, B0, minmode);
-                put_weights(o + (16 + i) * 16, _mm_loadu_si128((const __m128i *)(qc + (16 + i) * 16)), A1, B1,
-                            minmode);
+                v_store(o + i * 16, weights16(v_load_i8(qc + i * 16), A0, B0, minmode));
+                v_store(o + (16 + i) * 16, weights16(v_load_i8(qc + (16 + i) * 16), A1, B1, minmode));
             }
             continue;
         }
@@ -248,12 +247,13 @@ qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, 
 #pragma GCC unroll 8
                 for (int c = 0; c < C; c++) {
                     long g = g0 + c;
-                    __m128i q;
-                    if (kind == 8) q = _mm_loadu_si128((const __m128i *)(P->q + g * K * 16 + k * 16));
+                    vec q;
+                    if (kind == 8) q = v_load_i8(P->q + g * K * 16 + k * 16);
                     else
-                        q = nibbles(P->q + g * K * 8 + cc * 256,
-                                    kind == 5 ? P->hb + g * K * 2 + cc * 64 : kind == 6 ? P->hb + g * K * 4 + cc * 128 : NULL,
-                                    i, h, kind, off);
+                        q = v_from_i8(nibbles(P->q + g * K * 8 + cc * 256,
+                                              kind == 5 ? P->hb + g * K * 2 + cc * 64
+                                              : kind == 6 ? P->hb + g * K * 4 + cc * 128 : NULL,
+                                              i, h, kind, off));
                     w[c] = weights16(q, A[c], B[c], minmode);
                 }
 #pragma GCC unroll 8

@@ -34,6 +34,7 @@ static inline __m256 v_fold(vec v) {
 }
 /* 16 signed bytes -> 16 floats (exact) */
 static inline vec v_from_i8(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
+static inline vec v_load_i8(const void *p) { return v_from_i8(_mm_loadu_si128((const __m128i *)p)); }
 /* 16 float16 -> 16 floats (exact) */
 static inline vec v_from_f16(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 /* Nibble t (0..7) of 16 words at p, minus off, as floats (exact): times 16^t for t < 7 (masked in
@@ -69,6 +70,11 @@ static inline vec v_pow2(vec a, vec n) { LS_V2(ls_pow2_half(a.lo, n.lo), ls_pow2
 static inline __m256 v_fold(vec v) { return _mm256_add_ps(v.lo, v.hi); }
 static inline vec v_from_i8(__m128i q) {
     LS_V2(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))));
+}
+/* 16 signed bytes at p -> 16 floats: each half widened straight from memory (no shift) */
+static inline vec v_load_i8(const void *p) {
+    LS_V2(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))),
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const char *)p + 8)))));
 }
 static inline vec v_from_f16(const void *p) {
     LS_V2(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p + 1)));
