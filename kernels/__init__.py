@@ -11,6 +11,7 @@ from .dispatch import (
     compact_kv,
     compact_pool,
     resolve_backend,
+    tree_attention,
     tree_mask,
     verify_batch,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "pool_table",
     "resolve_backend",
     "stage_requests",
+    "tree_attention",
     "tree_mask",
     "verify_batch",
 ]

@@ -35,8 +35,8 @@ import torch
 from . import reference
 from .verify_inputs import BatchVerifyOutput, VerifyMode, check_batch_parents, check_tree_parents
 
-__all__ = ["BACKEND_ENV", "compact_cache", "compact_kv", "compact_pool", "resolve_backend", "tree_mask",
-           "verify_batch"]
+__all__ = ["BACKEND_ENV", "compact_cache", "compact_kv", "compact_pool", "resolve_backend", "tree_attention",
+           "tree_mask", "verify_batch"]
 
 BACKEND_ENV = "LOOKUPSPEC_KERNELS"
 Backend = Literal["triton", "torch"]
@@ -59,7 +59,8 @@ def resolve_backend(device: torch.device | str, backend: str | None = None) -> B
 
 
 _TRITON_MODULES = {"verify_batch": "verify_triton", "tree_mask": "mask_triton",
-                   "compact_kv": "compact_triton", "compact_pool": "compact_triton"}
+                   "compact_kv": "compact_triton", "compact_pool": "compact_triton",
+                   "tree_attention": "tree_attention_triton"}
 
 
 def _impl(name: str, device: torch.device | str, backend: str | None) -> Any:
@@ -155,3 +156,27 @@ def compact_cache(
         for kv in (layer.keys, layer.values):
             if kv is not None and kv.numel() > 0:
                 compact_kv(kv, accepted, num_accepted, base, backend=backend)
+
+
+def tree_attention(
+    query: torch.Tensor,  # [R, H, D] a bucket's queries (rotary applied)
+    key: torch.Tensor,  # [R, KV, D] its rows' own keys
+    value: torch.Tensor,  # [R, KV, DV]
+    key_cache: torch.Tensor,  # [slots, KV, capacity, D] one layer's pool keys
+    value_cache: torch.Tensor,  # [slots, KV, capacity, DV]
+    row_slot: torch.Tensor,  # [R] int64
+    row_first: torch.Tensor,  # [R] int64
+    row_bits: torch.Tensor,  # [R, W] int64
+    positions: torch.Tensor,  # [R] int64
+    cache_len: torch.Tensor,  # [R] int64
+    cache_start: torch.Tensor,  # [R] int64
+    *,
+    scale: float,
+    window: int | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """The static step's attention, each row over its slot's cache and its own tree, fixed shapes and
+    no host sync (a CUDA graph captures it): see ``reference.tree_attention``. -> [R, H, DV]"""
+    fn = _impl("tree_attention", query.device, backend)
+    return fn(query, key, value, key_cache, value_cache, row_slot, row_first, row_bits, positions, cache_len,
+              cache_start, scale=scale, window=window)

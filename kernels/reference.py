@@ -25,9 +25,10 @@ from lookupspec.sampling import (
     stream_keys,
 )
 
+from .tree_attention_reference import tree_attention
 from .verify_inputs import BatchVerifyOutput, VerifyMode, check_verify_inputs
 
-__all__ = ["compact_kv", "compact_pool", "process_rows", "tree_mask", "verify_batch"]
+__all__ = ["compact_kv", "compact_pool", "process_rows", "tree_attention", "tree_mask", "verify_batch"]
 
 
 def process_rows(
