@@ -6,7 +6,7 @@ blocks of 32 or 256 values: small integers and a float16 scale (and minimum) per
 fields, about the same bytes (the 6-bit K-quant scales take a byte each), ordered so that the k-th
 values of 16 consecutive rows are adjacent. ``matmul_quant`` dequantizes 16 rows at a time with
 gguf's own float32 operations (``gguf.quants``: e.g. ``(d * sc) * q - dmin * m`` for Q4_K), in
-registers right before the multiply-adds for up to 4 rows, or into a cache-sized buffer that the
+registers right before the multiply-adds for up to 8 rows, or into a cache-sized buffer that the
 float32 kernel's tiles run over for more. So a product's every output is, bit for bit, what the
 float32 kernel gives on the weights gguf dequantizes, while a step reads the quantized bytes from
 memory instead of four per weight.
