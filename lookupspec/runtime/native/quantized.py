@@ -154,6 +154,12 @@ class QuantWeights:
     planes: dict[str, torch.Tensor]
     bias: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        # the kernel's arguments that never change (the planes are not written after load): a
+        # decode step makes ~120 products, so each call should only add the input and output
+        self._fixed = (*self._pointers(), QUANT_TYPES[self.kind][0], self.out_features,
+                       None if self.bias is None else self.bias.data_ptr())
+
     @classmethod
     def from_gguf(cls, lib: ctypes.CDLL, kind: str, raw: np.ndarray, in_features: int,
                   bias: torch.Tensor | None = None) -> QuantWeights:
@@ -180,9 +186,7 @@ class QuantWeights:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x2, y = product_buffers(x, self.in_features, self.out_features, "the quantized matmul")
         if x2.shape[0]:
-            self.lib.matmul_quant(x2.data_ptr(), x2.shape[0], self.in_features, *self._pointers(),
-                                  QUANT_TYPES[self.kind][0], self.out_features,
-                                  None if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
+            self.lib.matmul_quant(x2.data_ptr(), x2.shape[0], self.in_features, *self._fixed, y.data_ptr(),
                                   torch.get_num_threads())
         return y.reshape(*x.shape[:-1], self.out_features)
 
