@@ -77,10 +77,10 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.torch
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# The default model, and beside it numba's kernel caches (compiled once here rather than in every
-# process that first needs them: lookupspec/warmup.py).
-PULL = $(BIN)/python -c 'from lookupspec.warmup import warm_numba; warm_numba()' & jit=$$!; \
-	$(BIN)/lookupspec pull smollm2-135m-instruct && wait $$jit
+# The default model, and beside it numba's kernel caches and the C kernels (compiled once here rather
+# than in every process that first needs them: lookupspec/warmup.py).
+PULL = $(BIN)/python -c 'from lookupspec.warmup import warm_native, warm_numba; warm_numba(); warm_native()' & \
+	jit=$$!; $(BIN)/lookupspec pull smollm2-135m-instruct && wait $$jit
 
 pull: $(VENV)/.installed
 	$(PULL)

@@ -5,6 +5,8 @@
   construction (:func:`warm_context_index`, :func:`warm_corpus_index`, :func:`warm_drafting`), so no
   kernel is compiled mid-request; `make serve` and `make test` call :func:`warm_numba` beside
   ``lookupspec pull`` so that the caches exist before the server and the test workers need them.
+- :func:`warm_native`: the C kernels of the CPU runtime, built into the kernel cache; `make serve`
+  and `make test` call it beside the pull too.
 - :func:`warm_kernels`: every Triton kernel variant a step can launch (verification, KV compaction).
 - :func:`warm_up`: an engine before it serves: the above, then measured forwards that seed the step
   cost model (:mod:`lookupspec.cost`) so the drafting policy's first choices rest on this machine's
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from lookupspec.engine import Engine
 
 __all__ = ["sync_device", "warm_context_index", "warm_corpus_index", "warm_drafting", "warm_kernels",
-           "warm_numba", "warm_text", "warm_up"]
+           "warm_native", "warm_numba", "warm_text", "warm_up"]
 
 _done: set[str] = set()  # the numba warm-ups run so far in this process
 
@@ -49,6 +51,16 @@ def warm_numba() -> None:
     warm_context_index()
     warm_corpus_index()
     warm_drafting()
+
+
+def warm_native() -> None:
+    """Build (or find in the kernel cache) the runtime's C kernels for this CPU, as the settings ask
+    (:mod:`lookupspec.runtime.native.loader`): about half a minute of one core on a fresh machine,
+    which would otherwise land in the first model load of every process that shares no cache."""
+    from lookupspec.runtime.native import attention, layer_ops, matmul
+
+    for lib in (matmul, attention, layer_ops):
+        lib.kernel()
 
 
 def warm_context_index() -> None:

@@ -27,6 +27,14 @@ except ImportError:  # pragma: no cover - torch is a hard dependency
 if not _cuda:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# One cache of compiled C kernels for the whole run: every server and command a test starts has a
+# home of its own (LOOKUPSPEC_HOME), and would otherwise compile matmul.c and the others again (tens
+# of seconds of a core each time). Builds are keyed by source, flags and CPU, so sharing is safe.
+if not os.environ.get("LOOKUPSPEC_KERNEL_CACHE"):
+    from lookupspec.runtime.native.loader import kernel_cache
+
+    os.environ["LOOKUPSPEC_KERNEL_CACHE"] = str(kernel_cache())
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 

@@ -243,15 +243,16 @@ def _venv() -> Path:
 
 def _terminal_env(venv: Path, data_dir: Path) -> dict[str, str]:
     """A fresh terminal's environment: no virtual environment on PATH, no lookupspec or OpenAI
-    settings but the model cache, and a store directory of the test's own."""
+    settings but the model and kernel caches, and a store directory of the test's own."""
     drop = {str(venv / "bin"), str(Path(sys.prefix) / "bin")}
     if os.environ.get("VIRTUAL_ENV"):
         drop.add(str(Path(os.environ["VIRTUAL_ENV"]) / "bin"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOKUPSPEC_", "OPENAI_"))
            and k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     env["PATH"] = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p not in drop)
-    if os.environ.get("LOOKUPSPEC_HOME"):
-        env["LOOKUPSPEC_HOME"] = os.environ["LOOKUPSPEC_HOME"]
+    for kept in ("LOOKUPSPEC_HOME", "LOOKUPSPEC_KERNEL_CACHE"):
+        if os.environ.get(kept):
+            env[kept] = os.environ[kept]
     env["LOOKUPSPEC_DATA_DIR"] = str(data_dir)  # a block that starts a server never takes the user's
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -188,10 +188,10 @@ def test_a_draft_tree_row_equals_the_same_token_decoded_after_its_ancestors() ->
 
 
 @needs_kernel
-def test_the_avx2_build_gives_the_same_bits(tmp_path) -> None:
+def test_the_avx2_build_gives_the_same_bits() -> None:
     """Dot products, softmax and sums follow one tree of lanes in both instruction sets."""
     native = native_attention.kernel()
-    avx2 = native_attention._LIBRARY.build("haswell", tmp_path)
+    avx2 = native_attention._LIBRARY.build("haswell")  # into the shared kernel cache
     assert avx2.attention_isa() == 256
     pool = Pool()
     q = pool.queries(50)
@@ -203,7 +203,7 @@ def test_a_failed_build_falls_back_to_sdpa_or_fails_when_asked_for(monkeypatch, 
     monkeypatch.setattr(native_attention, "_LIBRARY", LazyLibrary(
         native_attention._SOURCE, native_attention._declare, "LOOKUPSPEC_CPU_ATTENTION", on="native",
         off="sdpa", fallback="SDPA"))
-    monkeypatch.setenv("LOOKUPSPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("LOOKUPSPEC_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("LOOKUPSPEC_CPU_ATTENTION", "auto")
     assert native_attention.kernel() is None

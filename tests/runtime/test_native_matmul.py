@@ -103,7 +103,7 @@ def test_a_failed_build_falls_back_to_onednn_or_fails_when_asked_for(monkeypatch
     monkeypatch.setattr(matmul, "_LIBRARY", LazyLibrary(matmul._SOURCE, matmul._declare,
                                                           "LOOKUPSPEC_CPU_LINEAR", on="stream", off="onednn",
                                                           fallback="oneDNN"))
-    monkeypatch.setenv("LOOKUPSPEC_HOME", str(tmp_path))
+    monkeypatch.setenv("LOOKUPSPEC_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("LOOKUPSPEC_CPU_LINEAR", "auto")
     assert matmul.kernel() is None
@@ -115,12 +115,12 @@ def test_a_failed_build_falls_back_to_onednn_or_fails_when_asked_for(monkeypatch
 
 
 @needs_kernel
-def test_the_avx2_build_gives_the_same_bits(tmp_path) -> None:
+def test_the_avx2_build_gives_the_same_bits() -> None:
     """Each output is the same per-lane fma chain on 8 or 16 lanes, so an AVX2 build (for CPUs
     without AVX-512) must agree bit for bit with whatever this machine built."""
     native = matmul.kernel()
     assert native is not None
-    avx2 = matmul._LIBRARY.build("haswell", tmp_path)
+    avx2 = matmul._LIBRARY.build("haswell")  # into the shared kernel cache
     assert avx2.matmul_isa() == 256
     gen = torch.Generator().manual_seed(5)
     w, b = torch.randn(131, 77, generator=gen), torch.randn(131, generator=gen)

@@ -3,9 +3,11 @@ their shared ``simd.h``) with the system compiler, on first use, and the setting
 or off.
 
 Each source is compiled with ``-O3 -march=<arch> -fopenmp -ffp-contract=off`` into
-``$LOOKUPSPEC_HOME/kernels/<stem>-<digest>.so``; the digest covers the source and the headers beside
-it, the compiler and flags and the CPU's model and flags, so a build is reused until one of them
-changes. Concurrent processes
+``<kernel cache>/<stem>-<digest>.so`` (the cache: ``$LOOKUPSPEC_KERNEL_CACHE``, else
+``$LOOKUPSPEC_HOME/kernels``); the digest covers the source and the headers beside it, the compiler
+and flags and the CPU's model and flags, so a build is reused until one of them changes, and one
+cache can serve any number of homes (the test suite gives every server it starts a home of its own
+and one shared kernel cache: a build of ``matmul.c`` takes ~15-60 s of one core). Concurrent processes
 (test workers, replicas) may build at once: each compiles beside the target and renames it into
 place. The library links libgomp by soname, so loaded after torch it runs on torch's OpenMP threads.
 """
@@ -24,7 +26,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["LazyLibrary", "build"]
+__all__ = ["LazyLibrary", "build", "kernel_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +50,18 @@ def _compiler() -> str | None:
     return None
 
 
+def kernel_cache() -> Path:
+    """Where builds go: ``$LOOKUPSPEC_KERNEL_CACHE``, else ``$LOOKUPSPEC_HOME/kernels``."""
+    env = os.environ.get("LOOKUPSPEC_KERNEL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    from lookupspec.models import lookupspec_home
+
+    return lookupspec_home() / "kernels"
+
+
 def build(source: Path, arch: str = "native", directory: Path | None = None) -> ctypes.CDLL:
-    """Compile ``source`` for ``-march=arch`` into ``directory`` (default ``$LOOKUPSPEC_HOME/kernels``)
+    """Compile ``source`` for ``-march=arch`` into ``directory`` (default :func:`kernel_cache`)
     unless a build of the same source, flags and CPU is there, and load it. Raises OSError where
     it cannot (not Linux x86-64, no compiler, the compiler failed)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
@@ -62,9 +74,7 @@ def build(source: Path, arch: str = "native", directory: Path | None = None) -> 
     flags = (*_FLAGS, f"-march={arch}")
     digest = hashlib.sha256(text + " ".join((cc, *flags)).encode() + _cpu_key().encode()).hexdigest()[:20]
     if directory is None:
-        from lookupspec.models import lookupspec_home
-
-        directory = lookupspec_home() / "kernels"
+        directory = kernel_cache()
     out = directory / f"{source.stem}-{digest}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
