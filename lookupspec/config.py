@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DTYPES", "WEIGHTS", "EngineConfig", "ModelConfig"]
+__all__ = ["CUDA_GRAPHS", "DTYPES", "WEIGHTS", "EngineConfig", "ModelConfig"]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # "auto": bfloat16 on CUDA, float32 on the CPU
 WEIGHTS = ("auto", "quantized", "float32")  # "auto": quantized where a GGUF file and the kernel allow
+# "auto": on for CUDA devices, off elsewhere; "on" on the CPU runs the static step eagerly (tests)
+CUDA_GRAPHS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ class EngineConfig:
     ``prefill_chunk``: prompt tokens per prefill forward (None: a whole prompt at once).
     ``prefix_cache_bytes``: the prefix cache's budget (0: none; it needs ``prefill_chunk``).
     ``prefix_block_size``: its block in tokens (None: the engine's choice, see
-    :meth:`lookupspec.engine.Engine._prefix_block_size`)."""
+    :meth:`lookupspec.engine.Engine._prefix_block_size`). ``cuda_graphs``: whether forwards go
+    through the static-shape step, replayed as CUDA graphs (``auto``: on CUDA devices; ``on`` on the
+    CPU runs it eagerly; :mod:`lookupspec.runtime.static.serving`)."""
 
     context_window: int | None = None
     lean: bool = True
@@ -73,8 +77,11 @@ class EngineConfig:
     prefill_chunk: int | None = None
     prefix_cache_bytes: int = 0
     prefix_block_size: int | None = None
+    cuda_graphs: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.cuda_graphs not in CUDA_GRAPHS:
+            raise ValueError(f"cuda_graphs must be one of {', '.join(CUDA_GRAPHS)}, got {self.cuda_graphs!r}")
         if self.context_window is not None and self.context_window < 2:
             raise ValueError(f"context_window must be >= 2, got {self.context_window}")
         if self.max_batch < 1:

@@ -107,7 +107,7 @@ class Engine:
                     else max(self.chunk_ceiling, 1 + MAX_DRAFT_TOKENS))
         self.runner = ModelRunner(model, context_window=self.context_window, lean=config.lean,
                                   max_batch=config.max_batch, kv_cache_bytes=config.kv_cache_bytes,
-                                  max_rows=max_rows)
+                                  max_rows=max_rows, cuda_graphs=config.cuda_graphs)
         self.model = model
         self.device = self.runner.device
         self.dtype = self.runner.dtype

@@ -8,9 +8,10 @@
 - :func:`warm_native`: the C kernels of the CPU runtime, built into the kernel cache; `make serve`
   and `make test` call it beside the pull too.
 - :func:`warm_kernels`: every Triton kernel variant a step can launch (verification, KV compaction).
-- :func:`warm_up`: an engine before it serves: the above, then measured forwards that seed the step
-  cost model (:mod:`lookupspec.cost`) so the drafting policy's first choices rest on this machine's
-  costs. ``Engine.warmup`` and ``TextEngine.load(..., warmup=True)`` call it.
+- :func:`warm_up`: an engine before it serves: the above, the CUDA graphs of the static step's
+  common buckets where it serves (:mod:`lookupspec.runtime.static.serving`), then measured forwards
+  that seed the step cost model (:mod:`lookupspec.cost`) so the drafting policy's first choices rest
+  on this machine's costs. ``Engine.warmup`` and ``TextEngine.load(..., warmup=True)`` call it.
 - :func:`warm_text`: a text engine's first request: a short generation, the prompt byte bound and a
   chat prompt through the template and the tokenizer.
 
@@ -126,7 +127,9 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
     read as a very expensive step and switch speculation off; on CUDA every timing is taken between
     two synchronisations. Before that it launches every verification and compaction kernel variant
     a step can use (:func:`warm_kernels`), so that no compile lands in a request's step or in
-    the cost model, and the numba kernels every request's lookup session runs (:func:`warm_numba`)."""
+    the cost model, and the numba kernels every request's lookup session runs (:func:`warm_numba`);
+    where the static step serves, it captures the graphs of the common buckets (after the dummy
+    prefills, which may grow the KV pool: a graph holds the pool's addresses)."""
     import torch
 
     from lookupspec.runtime import SeqRows
@@ -135,7 +138,7 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
     sizes = [n for n in sizes if n + 2 < engine.context_window]
     context = max(1, min(context, engine.context_window - max(sizes, default=1) - 2))
     shapes = [(1, n) for n in sizes] + [(b, r) for b in batches if b > 1 for r in (1, 4)]
-    nb = min(max(b for b, _ in shapes), engine.runner.pool.max_batch)
+    nb = min(max(b for b, _ in shapes), engine.runner.max_batch)
     slots = []
     try:
         with torch.inference_mode():
@@ -146,6 +149,8 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
                 for at in range(0, context, step):
                     engine.runner.prefill(slots[-1], ids[at:at + step])
             warm_kernels(engine, slots[0], context)
+            if engine.runner.static is not None:
+                engine.runner.static.capture(engine.runner.max_batch)
             for b, r in shapes:
                 rows = [SeqRows(slot, [7 % engine.vocab_size] * r) for slot in slots[:b]]
                 times = []

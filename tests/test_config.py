@@ -19,6 +19,7 @@ from lookupspec.config import EngineConfig, ModelConfig
     ({"prefix_cache_bytes": 1 << 20}, "needs prefill_chunk"),  # the prefix cache keeps chunks' blocks
     ({"prefill_chunk": 8, "prefix_block_size": 9}, "prefix_block_size"),
     ({"prefill_chunk": 8, "prefix_block_size": 0}, "prefix_block_size"),
+    ({"cuda_graphs": "yes"}, "cuda_graphs"),
 ])
 def test_an_engine_config_out_of_range_is_refused(bad, says) -> None:
     with pytest.raises(ValueError, match=says):
@@ -43,6 +44,7 @@ def test_the_model_flags_map_onto_the_configs(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv("LOOKUPSPEC_PACKED_LINEAR", raising=False)
     monkeypatch.setenv("LOOKUPSPEC_WEIGHTS", "float32")
     monkeypatch.setenv("LOOKUPSPEC_LEAN_FORWARD", "0")
+    monkeypatch.delenv("LOOKUPSPEC_CUDA_GRAPHS", raising=False)
     parser = argparse.ArgumentParser()
     add_model_arguments(parser)
     parser.add_argument("--draft-model", default=None)
@@ -51,3 +53,17 @@ def test_the_model_flags_map_onto_the_configs(monkeypatch: pytest.MonkeyPatch) -
                                              packed_linear=False, weights="float32")
     assert engine_config(args, max_batch=4, prefill_chunk=32) == EngineConfig(lean=False, max_batch=4,
                                                                                prefill_chunk=32)
+
+
+def test_cuda_graphs_default_to_auto_and_come_from_the_flag_or_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("LOOKUPSPEC_CUDA_GRAPHS", raising=False)
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    assert EngineConfig().cuda_graphs == "auto" == engine_config(parser.parse_args([])).cuda_graphs
+    assert engine_config(parser.parse_args(["--cuda-graphs", "off"])).cuda_graphs == "off"
+    monkeypatch.setenv("LOOKUPSPEC_CUDA_GRAPHS", "on")
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    assert engine_config(parser.parse_args([])).cuda_graphs == "on"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cuda-graphs", "maybe"])

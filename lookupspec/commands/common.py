@@ -9,7 +9,7 @@ import argparse
 import os
 from typing import Any
 
-from lookupspec.config import DTYPES, WEIGHTS, EngineConfig, ModelConfig
+from lookupspec.config import CUDA_GRAPHS, DTYPES, WEIGHTS, EngineConfig, ModelConfig
 from lookupspec.models import DEFAULT_MODEL
 
 CPU_LINEAR = ("auto", "stream", "onednn")
@@ -76,6 +76,12 @@ def add_model_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGrou
                         help="decode and verify through transformers' own forward instead of lookupspec's "
                              "lean one (same output, slower; saves the ~280 MB fused copy of the q/k/v and "
                              "gate/up weights for SmolLM2-135M) [env LOOKUPSPEC_LEAN_FORWARD=0]")
+    parser.add_argument("--cuda-graphs", choices=CUDA_GRAPHS,
+                        default=os.environ.get("LOOKUPSPEC_CUDA_GRAPHS", "auto"),
+                        help="run each step through the static-shape step, one CUDA graph per bucket of "
+                             "rows, replayed (models and steps it cannot serve keep the ragged path, logged "
+                             "once); auto: on for CUDA devices; on: also on the CPU, eagerly (slower; for "
+                             "tests) (default auto) [env LOOKUPSPEC_CUDA_GRAPHS]")
 
 
 def model_config(args: argparse.Namespace, *, auto_pull: bool = True) -> ModelConfig:
@@ -88,9 +94,10 @@ def model_config(args: argparse.Namespace, *, auto_pull: bool = True) -> ModelCo
 
 
 def engine_config(args: argparse.Namespace, **settings: Any) -> EngineConfig:
-    """The :class:`EngineConfig` of :func:`add_model_arguments`' flags (``--no-lean-forward``) and the
-    command's own (``settings``: e.g. the serve command's batching and cache flags)."""
-    return EngineConfig(lean=args.lean_forward, **settings)
+    """The :class:`EngineConfig` of :func:`add_model_arguments`' flags (``--no-lean-forward``,
+    ``--cuda-graphs``) and the command's own (``settings``: e.g. the serve command's batching and cache
+    flags)."""
+    return EngineConfig(lean=args.lean_forward, cuda_graphs=args.cuda_graphs, **settings)
 
 
 def non_negative_int(text: str) -> int:

@@ -219,6 +219,15 @@ def _lean(text_engine: Any) -> str:
     return "on (native element-wise steps)" if layer_ops.kernel() is not None else "on (torch ops)"
 
 
+def _graphs(text_engine: Any) -> str:
+    """Whether the served model's forwards go through the static step (``--cuda-graphs``): "on" (CUDA
+    graphs), "on, eagerly (no CUDA device)" or "off"."""
+    static = text_engine.engine.runner.static
+    if static is None:
+        return "off"
+    return "on" if static.graphs is not None else "on, eagerly (no CUDA device)"
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -341,7 +350,7 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
              f"speculation {'on' if spec.enabled else 'off'}: up to {spec.max_draft_tokens} draft tokens "
              f"per step, sources {','.join(spec.sources)}, draft model {args.draft_model or 'none'}; "
              f"packed linear {_packed(te) if args.packed_linear else 'off'}, attention {_attention(te)}, "
-             f"lean forward {_lean(te)}; batches of up to {args.max_batch} "
+             f"lean forward {_lean(te)}, CUDA graphs {_graphs(te)}; batches of up to {args.max_batch} "
              f"sequences, prefill chunks of {args.prefill_chunk} tokens"
              f"{_stretched(te, args.prefill_stretch)}, prefix cache "
              + (f"{args.prefix_cache_mb} MiB in blocks of {te.engine.prefix_block_size} tokens"
@@ -349,7 +358,8 @@ def _load(args: argparse.Namespace, keys: dict[str, str], limits: Any, store: An
         pool = te.engine.runner.pool
         sliding = "".join(f"; sliding-window layers (window {g.window}) {pool.reserved_entries(g)} "
                           "entries a slot" for g in pool.groups if g.window is not None)
-        _say(f"KV cache: {pool.nbytes / 2**20:.0f} MiB reserved, {pool.max_batch} slots of "
+        scratch = "" if te.engine.runner.static is None else " (one of them the static step's scratch slot)"
+        _say(f"KV cache: {pool.nbytes / 2**20:.0f} MiB reserved, {pool.max_batch} slots{scratch} of "
              f"{pool.slot_positions} positions{sliding}" if args.kv_cache_mb is not None else
              "KV cache: grows as needed (--kv-cache-mb reserves it at start)")
         replayed = store.start()

@@ -16,6 +16,8 @@
 - ``native/``: the C kernels (matmul, attention, the lean forward's element-wise steps), their
   shared SIMD header, and the loader that compiles them on first use.
 - ``kvcache.py``: a per-request transformers ``Cache`` with preallocated buffers (draft models).
+- ``static/``: the static-shape step (row buckets, one upload, CUDA graphs), which serves the runner's
+  forwards where ``cuda_graphs`` asks (``auto``: on CUDA devices; ``static/serving.py``).
 """
 
 from .attention import ATTN_NAME, active_batch, attend, use_runtime_attention

@@ -12,6 +12,9 @@ architecture allows one, the KV :class:`~lookupspec.runtime.kvpool.SlotPool`, de
   (switched to the runtime's attention) everywhere else.
 - ``prefill(slot, ids)`` is ``forward`` of one prompt chunk alone, keeping its last row. Long prompts
   are prefilled in chunks, so a scheduler can run them in the same forwards as decode steps.
+- ``cuda_graphs`` (``auto`` on CUDA, or ``on``): forwards go through the static-shape step instead,
+  each bucket a replayed CUDA graph (eager on the CPU), where the model and the step allow
+  (:mod:`lookupspec.runtime.static.serving`, which also says what changes: one scratch slot more).
 
 When a runner is built it checks itself against the model (:meth:`ModelRunner._probe`):
 
@@ -44,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -55,6 +58,9 @@ from .attention import active_batch, unplanned_sdpa, use_runtime_attention
 from .kvpool import LayerSpec, PoolFull, SlotPool
 from .lean import LeanForward
 from .ragged import RaggedBatch, SeqRows
+
+if TYPE_CHECKING:
+    from .static import StaticPath, StepPlan
 
 __all__ = ["ModelRunner", "RuntimeUnsupported", "layer_specs", "prepare_models"]
 
@@ -117,10 +123,12 @@ class ModelRunner:
     the most rows a forward appends to one slot, which sizes sliding-window layers' slots (None: up
     to the context window; :class:`~lookupspec.runtime.kvpool.SlotPool`). ``lean``: use
     the lean forward where the model allows it. ``check``: run the self-check probe (tests switch it
-    off only to build runners for models they then check by other means)."""
+    off only to build runners for models they then check by other means). ``cuda_graphs``: ``auto``,
+    ``on`` or ``off`` (the module docstring; off unless asked, here: the engine's default is auto)."""
 
     def __init__(self, model: Any, *, context_window: int, lean: bool = True, max_batch: int = 64,
-                 kv_cache_bytes: int | None = None, max_rows: int | None = None, check: bool = True) -> None:
+                 kv_cache_bytes: int | None = None, max_rows: int | None = None, check: bool = True,
+                 cuda_graphs: str = "off") -> None:
         self.model = model
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -131,10 +139,18 @@ class ModelRunner:
             raise RuntimeUnsupported(f"{type(model).__name__} cannot switch its attention implementation")
         self.layers = layer_specs(model)
         self.lean = LeanForward.for_model(model, [s.window for s in self.layers]) if lean else None
-        self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_batch=max_batch,
-                             max_positions=self.context_window, max_bytes=kv_cache_bytes, max_rows=max_rows)
+        self.max_batch = int(max_batch)  # sequences at once (the pool may hold the static step's scratch too)
+        static = cuda_graphs != "off" and _static_serves(cuda_graphs, model, self.layers, self.device)
+        self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device,
+                             max_batch=max_batch + int(static), max_positions=self.context_window,
+                             max_bytes=kv_cache_bytes, max_rows=max_rows)
         if kv_cache_bytes is not None:
             self.pool.reserve()  # a budget is memory set aside: take it now, not mid-load
+        self.static: StaticPath | None = None  # the static step, where it serves (it holds one slot)
+        if static:
+            from .static import StaticPath
+
+            self.static = StaticPath(model, self.pool, graphs=self.device.type == "cuda")
         self.pad_to = 1
         self._ones = torch.ones((1, 256), dtype=torch.bool, device=self.device)  # see _no_padding
         self.unplanned_masks = False  # decided by the probe (module docstring, check 1)
@@ -185,17 +201,24 @@ class ModelRunner:
         caller truncates what verification rejects."""
         return self.run(self.plan(seqs), keep)
 
-    def plan(self, seqs: Sequence[SeqRows], stage: HostStage | None = None) -> RaggedBatch:
+    def plan(self, seqs: Sequence[SeqRows], stage: HostStage | None = None) -> RaggedBatch | StepPlan:
         """The host half of :meth:`forward`: room in every slot, then the batch's inputs as pieces of
-        ``stage`` (the caller uploads it before :meth:`run`; None: a stage of the batch's own)."""
+        ``stage`` (the caller uploads it before :meth:`run`; None: a stage of the batch's own). Where
+        the static step serves the step, its plan instead: its inputs travel in its own bucket's copy."""
+        planned = self.static.plan(seqs) if self.static is not None else None
+        if planned is not None:
+            return planned
         for s in seqs:
             self.pool.ensure(s.slot, self.length(s.slot) + len(s.tokens))
         return RaggedBatch(self.pool, seqs, pad_to=self.pad_to, stage=stage,
                            unplanned_masks=self.unplanned_masks)
 
     @torch.inference_mode()
-    def run(self, batch: RaggedBatch, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, batch: RaggedBatch | StepPlan, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The device half of :meth:`forward`, on a planned batch whose stage has been uploaded."""
+        if not isinstance(batch, RaggedBatch):
+            assert self.static is not None  # only the static step plans anything else
+            return self.static.run(batch, keep)
         batch.bind()
         logits = self.lean(batch, keep) if self.lean is not None else self._hf(batch, keep)
         for v in batch.views:
@@ -225,16 +248,20 @@ class ModelRunner:
     @torch.inference_mode()
     def _probe(self) -> None:
         """Run the checks of the module docstring on a small pool of their own (the served pool keeps
-        its budget and slots)."""
-        served = self.pool
-        self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device, max_batch=4,
-                             max_positions=self.context_window, initial_capacity=64)
+        its budget and slots). Check 1 is the ragged path's (it serves the steps no bucket holds);
+        where the static step serves, checks 2 and 3 are its own, run eagerly (a graph replays the
+        eager step's bits)."""
+        served, static = self.pool, self.static
+        self.pool = SlotPool(self.layers, dtype=self.dtype, device=self.device,
+                             max_batch=4 + int(static is not None), max_positions=self.context_window,
+                             initial_capacity=64)
+        self.static = None
         try:
-            self._probe_checks()
+            self._probe_checks(static is not None)
         finally:
-            self.pool = served
+            self.pool, self.static = served, static
 
-    def _probe_checks(self) -> None:
+    def _probe_checks(self, static: bool = False) -> None:
         gen = torch.Generator().manual_seed(0)
         vocab = self.vocab_size
 
@@ -244,6 +271,10 @@ class ModelRunner:
         # within the smallest sliding window: transformers applies no window to a custom 4D tree mask
         windows = [s.window for s in self.layers if s.window is not None]
         self._check_backends(ids(max(1, min([11, *(w - 5 for w in windows)]))), ids(5), [-1, 0, 0, 1, 3])
+        if static:
+            from .static import StaticPath
+
+            self.static = StaticPath(self.model, self.pool, graphs=False)
         prompts = {"a": ids(9), "b": ids(13), "c": ids(6), "d": ids(7)}
         rows = {"a": 1, "b": 1, "c": 5, "d": max(2, min(24, self.context_window - 8))}
         slots = {}
@@ -286,7 +317,7 @@ class ModelRunner:
                 self.free(slot)
         from .native import attention as native_attention
 
-        native = self.device.type == "cpu" and native_attention.kernel() is not None
+        native = self.device.type == "cpu" and native_attention.kernel() is not None and not static
         self._chunk_probe = (bool(self.batch_invariant) and self._chunking_changes_nothing(
             ids(max(2, min(40, self.context_window - 2))), ids(1)), native)
 
@@ -364,3 +395,10 @@ class ModelRunner:
                     f"lookupspec's runtime disagrees with transformers' forward for "
                     f"{type(self.model).__name__} ({name}: max logit difference {diff:.3g}); "
                     "this architecture is not supported")
+
+
+def _static_serves(mode: str, model: Any, layers: list[LayerSpec], device: torch.device) -> bool:
+    """Whether the static step serves ``model`` under ``mode`` (imported only when asked for)."""
+    from .static.serving import serves
+
+    return serves(mode, model, [spec.window for spec in layers], device)

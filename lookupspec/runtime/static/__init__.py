@@ -1,7 +1,7 @@
 """The static-shape step (issue 50, in progress): a step's rows in fixed buckets, one upload, a
-forward with no host sync, captured as a CUDA graph per bucket. Not wired into serving yet: the
-runner's ragged path serves every step; this package is built and tested beside it until a GPU run
-validates it (``scripts/gpu-check.sh``, docs/gpu.md).
+forward with no host sync, captured as a CUDA graph per bucket. The runner's forwards go through it
+where ``--cuda-graphs`` asks (``auto``: on CUDA devices; :mod:`.serving`); until a GPU run has
+validated it (``scripts/gpu-check.sh``, docs/gpu.md), the CPU keeps its ragged path by default.
 
 - ``buckets.py``: :class:`Bucket` (rows x sequences) and :class:`BucketConfig` (which buckets exist,
   the choice of one for a step);
@@ -11,27 +11,33 @@ validates it (``scripts/gpu-check.sh``, docs/gpu.md).
   writes, :func:`lookupspec.kernels.tree_attention`);
 - ``step.py``: :class:`StaticStep`, plan, upload and run eagerly over a KV pool;
 - ``graphs.py``: :class:`GraphStep`, each bucket's forward captured as a CUDA graph and replayed,
-  eager with a logged reason where a graph cannot run.
+  eager with a logged reason where a graph cannot run;
+- ``serving.py``: :class:`StaticPath`, the above as ``ModelRunner``'s plan and run, and
+  :func:`serves`, which runners it serves (the ragged path keeps the rest, with a logged reason).
 """
 
 from .buckets import Bucket, BucketConfig
 from .forward import StaticForward, unsupported
 from .graphs import GRAPH_MODES, GraphStep, graph_unsupported
 from .layout import InputTable, StepTensors, lay_out, tree_bits
+from .serving import COMMON_ROWS, StaticPath, serves
 from .step import StaticStep, StepPlan
 
 __all__ = [
+    "COMMON_ROWS",
     "GRAPH_MODES",
     "Bucket",
     "BucketConfig",
     "GraphStep",
     "InputTable",
     "StaticForward",
+    "StaticPath",
     "StaticStep",
     "StepPlan",
     "StepTensors",
     "graph_unsupported",
     "lay_out",
+    "serves",
     "tree_bits",
     "unsupported",
 ]

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any, Literal
+from typing import Any
 
 import torch
+
+from lookupspec.config import CUDA_GRAPHS
 
 from .buckets import Bucket
 from .step import StaticStep, StepPlan
@@ -40,8 +42,7 @@ __all__ = ["GRAPH_MODES", "GraphStep", "graph_unsupported"]
 
 log = logging.getLogger("lookupspec.runtime.static")
 
-GraphMode = Literal["auto", "on", "off"]
-GRAPH_MODES: tuple[GraphMode, ...] = ("auto", "on", "off")
+GRAPH_MODES = CUDA_GRAPHS  # the engine's option (``EngineConfig.cuda_graphs``)
 
 
 def graph_unsupported(mode: str, device: torch.device) -> str | None:
