@@ -9,10 +9,17 @@ always ends with ``data: [DONE]``.
 
 Log-probabilities ride on the chunk of the text they produced (``logprobs.content`` for chat,
 OpenAI's legacy ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset`` for
-completions). A request whose output is read as tool calls (``job.tools``) is held until its choice
-ends: then one delta carries either the calls (``delta.tool_calls``, OpenAI's shape with ``index``,
-``id``, ``type`` and the whole ``function.arguments``) and ``finish_reason: "tool_calls"``, or the
-text as content.
+completions). Tool calls (``job.tools``):
+
+- a constrained call (``tool_choice`` ``required`` or named) streams as it is generated
+  (:class:`lookupspec.service.tool_stream.CallStream`): one ``delta.tool_calls`` entry with ``index``,
+  ``id``, ``type``, ``function.name`` and empty ``function.arguments``, then entries with the
+  arguments' fragments, then ``finish_reason: "tool_calls"`` (``"length"`` for a call cut by
+  ``max_tokens``, whose arguments are then unfinished). An output cut before its call's name was
+  complete is sent as content, as the non-streamed response reads it.
+- ``auto``: the output is held until its choice ends, since only the whole text says whether it
+  holds calls; then one delta carries either the calls (the whole ``function.arguments``) and
+  ``finish_reason: "tool_calls"``, or the text as content.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from fastapi import Request
 
 from lookupspec.service.accounting import speculation, usage
 from lookupspec.service.jobs import AsyncTicket, ChoiceFinished, JobDone, JobFailed, TextDelta
+from lookupspec.service.tool_stream import CallStream
 from lookupspec.service.tools import parse_calls
 
 __all__ = ["Collected", "Kind", "chat_logprobs", "collect", "completion_logprobs", "new_id", "sse_events",
@@ -129,7 +137,8 @@ async def sse_events(ticket: AsyncTicket, kind: Kind, model: str,
     sent: dict[int, int] = {}  # characters of text sent per choice (completions' text_offset)
 
     def choice(index: int, text: str | None, finish: str | None, role: bool = False,
-               logprobs: Any = None, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+               logprobs: Any = None, calls: list[dict[str, Any]] | None = None,
+               call_deltas: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         lp = None
         if logprobs:
             lp = (chat_logprobs(list(logprobs)) if kind == "chat"
@@ -144,12 +153,16 @@ async def sse_events(ticket: AsyncTicket, kind: Kind, model: str,
             delta["content"] = text
         if calls:
             delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+        if call_deltas:
+            delta["tool_calls"] = call_deltas
         return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
 
     finished: list[ChoiceFinished] = []
     tools = ticket.job.tools
-    held: dict[int, list[str]] = {}  # tool-call requests: text held until the choice ends
-    held_lp: dict[int, list[Any]] = {}
+    held: dict[int, list[str]] = {}  # tool_choice auto: text held until the choice ends
+    held_lp: dict[int, list[Any]] = {}  # tool calls: log-probabilities not sent yet
+    streams: dict[int, CallStream] = {}  # constrained calls, streamed as they are generated
+    constrained = tools is not None and tools.syntax == "json"
     try:
         if kind == "chat":
             for c in ticket.job.choices:
@@ -157,15 +170,30 @@ async def sse_events(ticket: AsyncTicket, kind: Kind, model: str,
         async for event in ticket.events():
             if isinstance(event, TextDelta):
                 if tools is not None:
-                    held.setdefault(event.index, []).append(event.text)
                     held_lp.setdefault(event.index, []).extend(event.logprobs or ())
+                    if constrained:
+                        deltas = streams.setdefault(event.index, CallStream()).feed(event.text)
+                        if deltas:
+                            lps = held_lp.pop(event.index, None)
+                            yield chunk(choice(event.index, None, None, logprobs=lps, call_deltas=deltas))
+                    else:
+                        held.setdefault(event.index, []).append(event.text)
                     continue
                 yield chunk(choice(event.index, event.text, None, logprobs=event.logprobs))
             elif isinstance(event, ChoiceFinished):
                 finished.append(event)
                 reason = event.finish_reason
-                if tools is not None:
-                    content, calls = tool_output("".join(held.pop(event.index, [])), tools)
+                stream = streams.pop(event.index, None)
+                if stream is not None and stream.started:
+                    deltas, complete = stream.finish()
+                    if complete:
+                        reason = "tool_calls"
+                    lps = held_lp.pop(event.index, None)
+                    if deltas or lps:
+                        yield chunk(choice(event.index, None, None, logprobs=lps, call_deltas=deltas))
+                elif tools is not None:
+                    text = stream.text if stream is not None else "".join(held.pop(event.index, []))
+                    content, calls = tool_output(text, tools)
                     if calls:
                         reason = "tool_calls"
                     yield chunk(choice(event.index, content, None, logprobs=held_lp.pop(event.index, None),

@@ -65,6 +65,10 @@ __all__ = ["PREFIX_BLOCK", "Engine", "Iteration", "SequenceState", "StepOutput",
 # The prefix cache's block where chunks are free: the 48 default bench prompts share ~64 tokens each
 # with an earlier prompt (instruction headers), under one 128-token chunk
 PREFIX_BLOCK = 32
+# At most this many tokens of the text a sequence's grammar forces next are drafted per step
+# (``Engine._prune``): an object's next key with its punctuation is rarely longer.
+JUMP_TOKENS = 16
+GRAMMAR_SOURCE = "grammar"  # the draft source those tokens are counted under
 
 
 @dataclass
@@ -390,10 +394,15 @@ class Engine:
         drafts: list[Draft] = []
         outputs: dict[int, StepOutput] = {}
         run: list[int] = []
+        # rows the grammar's own drafts may add (forced text: keys, punctuation) within max_rows
+        spare = JUMP_TOKENS * len(seqs) if max_rows is None else max_rows - sum(len(d) + 1 for d in chosen)
         for i, (s, draft) in enumerate(zip(seqs, chosen, strict=True)):
             L = s.cache_len
             if s.logits is not None:
-                draft = self._prune(s, draft)
+                jump = min(JUMP_TOKENS, max(0, spare), rooms[i] - len(draft)) if s.max_draft else 0
+                before = len(draft)
+                draft = self._prune(s, draft, jump)
+                spare -= max(0, len(draft) - before)
             if len(draft) and not self.runner.reserve(s.slot, L + 1 + len(draft)):
                 draft = Draft(draft_s=draft.draft_s)  # no room for the draft: a plain step
             if not self.runner.reserve(s.slot, L + 1):
@@ -405,21 +414,20 @@ class Engine:
             run.append(i)
         return drafts, run, outputs
 
-    def _prune(self, seq: SequenceState, draft: Draft) -> Draft:
+    def _prune(self, seq: SequenceState, draft: Draft, jump: int = 0) -> Draft:
         """A processed sequence's draft, without the nodes its grammar forbids along their paths
-        (pruned before the forward: they would cost rows and could never be accepted). A sampled
-        draft-model chain is verified by sample-and-match instead of rejection sampling (exact per
-        seed for any draft; rejection sampling would need the processed target distribution)."""
+        (pruned before the forward: they would cost rows and could never be accepted), and with at
+        most ``jump`` tokens of the text the grammar forces next drafted (source ``grammar``;
+        ``lookupspec.constraints.state``). A sampled draft-model chain is verified by sample-and-match
+        instead of rejection sampling (exact per seed for any draft; rejection sampling would need
+        the processed target distribution)."""
         seq.unpruned = draft
-        masks = seq.tree_masks = seq.logits.prune(draft.tokens, draft.parents)  # type: ignore[union-attr]
-        if masks is None or len(masks.kept) == len(draft):
+        masks = seq.tree_masks = seq.logits.prune(draft.tokens, draft.parents, jump)  # type: ignore[union-attr]
+        if masks is None or masks.kept == tuple(range(len(draft))):
             return draft if draft.probs is None else Draft(draft.tokens, draft.parents, draft.sources, None,
                                                           draft.draft_s, draft.tree)
-        kept = masks.kept
-        where = {old: new for new, old in enumerate(kept)}
-        return Draft([draft.tokens[i] for i in kept], [-1 if draft.parents[i] < 0 else where[draft.parents[i]]
-                                                       for i in kept],
-                     [draft.sources[i] for i in kept], None, draft.draft_s, None)
+        sources = [draft.sources[i] if i >= 0 else GRAMMAR_SOURCE for i in masks.kept]
+        return Draft(list(masks.tokens), list(masks.parents), sources, None, draft.draft_s, None)
 
     def _process(self, seqs: Sequence[SequenceState], drafts: list[Draft], order: list[int],
                  logits: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -593,7 +601,10 @@ class Engine:
             seq.stats.observe(draft=len(draft), accepted=len(accepted), emitted=len(kept),
                               source_draft=src_draft, source_accepted=src_acc, draft_s=draft.draft_s,
                               verify_s=step_s)
-            self.drafting.observe(seq.session, unpruned, tuple(kept_nodes[a] for a in accepted))
+            # nodes the grammar drafted are no drafter's (-1): the accepted path's drafter nodes, if
+            # any, are its first ones (a drafter node below a grammar node merged into the chain)
+            self.drafting.observe(seq.session, unpruned,
+                                  tuple(kept_nodes[a] for a in accepted if kept_nodes[a] >= 0))
         if error is not None:
             seq.error = error
         out = self._emit(seq, kept, reason, len(draft), len(accepted))

@@ -122,11 +122,13 @@ class LogitsProcessor:
         self._ends = torch.tensor(sorted(t for t in self.end_token_ids if t < vocab_size), dtype=torch.int64,
                                   device=device)
 
-    def prune(self, tokens: Sequence[int], parents: Sequence[int]) -> TreeMasks | None:
-        """Walk the draft tree under the grammar before the forward (None: no grammar, nothing pruned)."""
+    def prune(self, tokens: Sequence[int], parents: Sequence[int], jump: int = 0) -> TreeMasks | None:
+        """Walk the draft tree under the grammar before the forward, adding at most ``jump`` tokens of
+        the text the grammar forces next (:meth:`GrammarState.walk`); None: no grammar, nothing
+        pruned or added."""
         if self.grammar is None:
             return None
-        return self.grammar.walk(tokens, parents, self.end_token_ids)
+        return self.grammar.walk(tokens, parents, self.end_token_ids, jump)
 
     def apply(self, logits: torch.Tensor, tokens: Sequence[int], parents: Sequence[int],
               masks: TreeMasks | None) -> None:

@@ -1,14 +1,17 @@
 """Structured extraction with speculation on and off, and what the grammar costs per step.
 
-Run: ``.venv/bin/python -m tools bench-structured [--model M] [--docs N] [--batch B] [--max-tokens T]``
+Run: ``.venv/bin/python -m tools bench-structured [--model M] [--docs N] [--batch B] [--max-tokens T]
+[--prompts FILE]``
 
 Each document is a short record in prose; the schema's values are spans of it (names, places,
-numbers), the case lookup drafting is made for. Greedy, the same engine for both runs (speculation
-off, then on), ``B`` sequences stepped together. Reports per mode: output tokens/s over the decode
-steps, mean step time, and the grammar's share of it: the time spent in ``LogitsProcessor.prune``
-(the tree walk and mask computation, before the forward) and ``LogitsProcessor.apply`` (masks and
-penalties applied to the rows), summed over all sequences of a step. Checks that the outputs are
-the same with speculation on and off and that every finished output validates. Not installed with
+numbers), the case lookup drafting is made for. ``--prompts fixtures/bench/extraction.jsonl`` takes
+the first N prompts of a benchmark prompt file instead, each with its own ``response_format``.
+Greedy, the same engine for both runs (speculation off, then on), ``B`` sequences stepped together.
+Reports per mode: output tokens/s over the decode steps, mean step time, and the grammar's share
+of it: the time spent in ``LogitsProcessor.prune`` (the tree walk and mask computation, before the
+forward; with speculation on, the grammar's drafts too) and ``LogitsProcessor.apply`` (masks and
+penalties applied to the rows), summed over all sequences of a step. Checks that the outputs are the
+same with speculation on and off and that every finished output validates. Not installed with
 the package (a top-level tool).
 """
 
@@ -51,6 +54,8 @@ def configure(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--docs", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompts", default=None,
+                    help="a prompt file whose rows carry a response_format (fixtures/bench/extraction.jsonl)")
 
 
 def _timed(cls: Any, name: str, bucket: list[float]) -> None:
@@ -69,6 +74,8 @@ def _timed(cls: Any, name: str, bucket: list[float]) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from lookupspec.benchmarks.prompts import load_prompts
+    from lookupspec.benchmarks.validity import output_checker
     from lookupspec.constraints import GrammarCompiler, GrammarSpec
     from lookupspec.logits import LogitsParams, LogitsProcessor
     from lookupspec.params import SpecParams
@@ -76,11 +83,21 @@ def run(args: argparse.Namespace) -> int:
 
     te = TextEngine.load(args.model)
     te.engine.warmup()
-    grammar = GrammarCompiler(te.tokenizer, te.engine.vocab_size, te.eos_token_ids).compile(
-        GrammarSpec.json_schema(SCHEMA))
-    params = dataclasses.replace(te.params(max_tokens=args.max_tokens), logits=LogitsParams(grammar=grammar))
-    people = (PEOPLE * (args.docs // len(PEOPLE) + 1))[: args.docs]
-    prompts = [te.encode_text(te.chat_text(_messages(p)), add_special_tokens=False) for p in people]
+    compiler = GrammarCompiler(te.tokenizer, te.engine.vocab_size, te.eos_token_ids)
+    base = te.params(max_tokens=args.max_tokens)
+    if args.prompts:
+        rows = [p for p in load_prompts(args.prompts) if p.schema is not None][: args.docs]
+        messages = [list(p.messages) for p in rows]
+        schemas = [p.schema for p in rows if p.schema is not None]
+        strict = [bool(p.response_format and p.response_format["json_schema"].get("strict")) for p in rows]
+    else:
+        people = (PEOPLE * (args.docs // len(PEOPLE) + 1))[: args.docs]
+        messages = [_messages(p) for p in people]
+        schemas, strict = [SCHEMA] * len(people), [True] * len(people)
+    checks = [output_checker({"type": "json_schema", "json_schema": {"schema": s}}) for s in schemas]
+    params = [dataclasses.replace(base, logits=LogitsParams(grammar=compiler.compile(
+        GrammarSpec.json_schema(s, st)))) for s, st in zip(schemas, strict, strict=True)]
+    prompts = [te.encode_text(te.chat_text(m), add_special_tokens=False) for m in messages]
     grammar_s = [0.0]
     _timed(LogitsProcessor, "prune", grammar_s)
     _timed(LogitsProcessor, "apply", grammar_s)
@@ -92,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         decode_s, steps, tokens = 0.0, 0, 0
         grammar_s[0] = 0.0
         for start in range(0, len(prompts), args.batch):
-            seqs = [eng.start(p, params, spec) for p in prompts[start:start + args.batch]]
+            seqs = [eng.start(p, prm, spec) for p, prm in zip(prompts[start:start + args.batch],
+                                                              params[start:start + args.batch], strict=True)]
             got = [list(eng.prefill(s).tokens) for s in seqs]  # type: ignore[union-attr]
             while any(s.running for s in seqs):
                 live = [j for j, s in enumerate(seqs) if s.running]
@@ -105,18 +123,14 @@ def run(args: argparse.Namespace) -> int:
                     tokens += len(out.tokens)
             outs.extend(got)
         outputs[mode] = outs
-        valid = 0
-        for o in outs:
-            try:
-                doc = json.loads(te.tokenizer.decode(o, skip_special_tokens=True))
-                valid += isinstance(doc, dict) and set(doc) == set(SCHEMA["required"])
-            except ValueError:
-                pass
+        valid = sum(check is not None and check(te.tokenizer.decode(o, skip_special_tokens=True)) is None
+                    for o, check in zip(outs, checks, strict=True))
         results[mode] = {"tokens_per_s": round(tokens / decode_s, 2), "decode_steps": steps,
                          "step_ms": round(1e3 * decode_s / steps, 2),
                          "grammar_ms_per_step": round(1e3 * grammar_s[0] / steps, 3),
                          "grammar_share": round(grammar_s[0] / decode_s, 4), "valid": f"{valid}/{len(outs)}"}
     results["identical_on_off"] = outputs["on"] == outputs["off"]
     results["speedup"] = round(results["on"]["tokens_per_s"] / results["off"]["tokens_per_s"], 3)
-    print(json.dumps({"model": args.model, "docs": args.docs, "batch": args.batch, **results}))
+    print(json.dumps({"model": args.model, "prompts": args.prompts, "docs": len(prompts), "batch": args.batch,
+                      **results}))
     return 0

@@ -1,6 +1,12 @@
 """End-to-end decode benchmark: the lookupspec engine against Hugging Face generate (greedy, PLD,
 assisted) on a prompt file, in one process, interleaved prompt by prompt, greedy, batch 1.
 
+A prompt with a ``response_format`` (``fixtures/bench/extraction.jsonl``) is decoded under its
+grammar by the lookupspec systems; the HF peers cannot constrain their output, so they skip it, and
+its exactness reference is ``lookupspec-plain`` (constrained decoding without speculation) instead
+of ``hf-greedy``. Every such output is validated against its schema (``valid`` in the rows and the
+summary).
+
 Prints a markdown summary per prompt kind (median tokens/s, median speedups, tokens per target
 forward, acceptance length against the copy oracle, exactness against plain greedy); --json writes
 every measurement with the generated token ids and a machine header, --plot a bar chart.
@@ -15,16 +21,18 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS
+from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS, BenchPrompt
 from lookupspec.commands.common import add_model_arguments, non_negative_int, positive_int
 
 __all__ = ["DEFAULT_SYSTEMS", "configure", "run"]
 
 DEFAULT_SYSTEMS = "lookupspec,lookupspec-plain,hf-greedy,hf-pld,hf-assisted"
 REFERENCE = "hf-greedy"  # exactness and the copy oracle are measured against its output
+CONSTRAINED_REFERENCE = "lookupspec-plain"  # ... on prompts with a response_format
 WARMUP_TOKENS = 32  # warm-up generations are capped at this many tokens: enough to reach steady state
 # Warm-up runs on a prompt outside the measured set, so that no system (lookupspec's output cache
 # included) has seen a measured prompt or its answer before it is timed.
@@ -39,7 +47,8 @@ def _csv(text: str) -> list[str]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
-                        help="JSONL prompt file, rows {id, kind, messages}")
+                        help="JSONL prompt file, rows {id, kind, messages[, response_format]} "
+                             "(fixtures/bench/extraction.jsonl: structured extraction; --max-tokens 512)")
     add_model_arguments(parser)
     parser.add_argument("--draft-model", default=None,
                         help="draft model for lookupspec and hf-assisted: same tokenizer, "
@@ -62,14 +71,30 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _systems(args: argparse.Namespace, notes: list[str]) -> list[str] | None:
-    from lookupspec.benchmarks.systems import SYSTEMS
+def _systems(args: argparse.Namespace, notes: list[str], constrained: int, total: int) -> list[str] | None:
+    """The systems to run, given how many of the ``total`` prompts carry a response_format."""
+    from lookupspec.benchmarks.systems import HF_SYSTEMS, SYSTEMS
 
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown:
         _log(f"error: unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
         return None
     systems = list(dict.fromkeys(args.systems))
+    if constrained:
+        if CONSTRAINED_REFERENCE not in systems:
+            systems.append(CONSTRAINED_REFERENCE)
+            notes.append(f"{CONSTRAINED_REFERENCE} added: it is the exactness reference of prompts with a "
+                         "response_format")
+        peers = [s for s in systems if s in HF_SYSTEMS]
+        if constrained == total:
+            systems = [s for s in systems if s not in HF_SYSTEMS]
+            if peers:
+                notes.append(f"{', '.join(peers)} skipped: Hugging Face generate cannot constrain its output "
+                             "to a response_format, and every prompt has one")
+            return systems
+        if peers:
+            notes.append(f"{', '.join(peers)} run only on the {total - constrained} prompts without a "
+                         "response_format (generate cannot constrain its output to one)")
     if REFERENCE not in systems:
         systems.insert(0, REFERENCE)
         notes.append(f"{REFERENCE} added: it is the exactness reference")
@@ -79,22 +104,63 @@ def _systems(args: argparse.Namespace, notes: list[str]) -> list[str] | None:
     return systems
 
 
+def _checkers(path: Path, prompts: Sequence[BenchPrompt]) -> dict[str, Any]:
+    """Prompt id -> the check of its outputs, for the prompts with a response_format. Raises
+    ``ValueError`` naming the row whose schema is not a valid JSON schema."""
+    from lookupspec.benchmarks.validity import output_checker
+
+    out = {}
+    for p in prompts:
+        try:
+            check = output_checker(p.response_format)
+        except ValueError as exc:
+            raise ValueError(f"{path} ({p.id}): response_format: {exc}") from None
+        if check is not None:
+            out[p.id] = check
+    return out
+
+
+def _grammars(path: Path, prompts: Sequence[BenchPrompt], target: Any, eos: Sequence[int],
+              vocab_size: int) -> dict[str, Any]:
+    """Prompt id -> its ``LogitsParams`` (the grammar of its response_format), compiled for the target's
+    tokenizer. Raises ``ValueError`` naming the row whose schema the grammar library refuses."""
+    from lookupspec.constraints import GrammarCompiler, GrammarError, GrammarSpec
+    from lookupspec.logits import LogitsParams
+
+    if not prompts:
+        return {}
+    compiler = GrammarCompiler(target.tokenizer, vocab_size, eos)
+    out = {}
+    for p in prompts:
+        rf = p.response_format
+        assert rf is not None
+        try:
+            js = rf.get("json_schema", {})
+            spec = (GrammarSpec.json_object() if rf["type"] == "json_object" else
+                    GrammarSpec.json_schema(js["schema"], bool(js.get("strict"))))
+            out[p.id] = LogitsParams(grammar=compiler.compile(spec))
+        except GrammarError as exc:
+            raise ValueError(f"{path} ({p.id}): response_format: {exc}") from None
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from lookupspec.benchmarks.prompts import load_prompts, select_prompts
     from lookupspec.benchmarks.report import missing_matplotlib
 
     notes: list[str] = []
-    systems = _systems(args, notes)
-    if systems is None:
-        return 2
     problem = missing_matplotlib(args.plot)
     if problem:
         _log(f"error: {problem}")
         return 2
     try:
         prompts = select_prompts(load_prompts(args.prompts), args.kinds, args.limit)
-    except (OSError, ValueError) as exc:
+        checkers = _checkers(args.prompts, prompts)
+    except (OSError, ValueError, ImportError) as exc:
         _log(f"error: {exc}")
+        return 2
+    systems = _systems(args, notes, len(checkers), len(prompts))
+    if systems is None:
         return 2
     for note in notes:
         _log(f"note: {note}")
@@ -105,7 +171,13 @@ def run(args: argparse.Namespace) -> int:
 
     from lookupspec.benchmarks.oracle import copy_oracle
     from lookupspec.benchmarks.report import machine_info, markdown_summary, plot_summary, summarize
-    from lookupspec.benchmarks.systems import LOOKUPSPEC_SYSTEMS, ForwardCounter, HFSystem, LookupspecSystem
+    from lookupspec.benchmarks.systems import (
+        HF_SYSTEMS,
+        LOOKUPSPEC_SYSTEMS,
+        ForwardCounter,
+        HFSystem,
+        LookupspecSystem,
+    )
     from lookupspec.drafting.derived import derive_draft, is_derived_spec
     from lookupspec.models import ModelLoadError, check_same_tokenizer, eos_token_ids, load_model, render_chat
 
@@ -133,7 +205,12 @@ def run(args: argparse.Namespace) -> int:
         runners[name] = (LookupspecSystem(target, draft, eos, name, packed_linear=args.packed_linear,
                                           lean_forward=args.lean_forward) if name in LOOKUPSPEC_SYSTEMS
                          else HFSystem(name, target, eos, counter, draft))
-
+    try:
+        grammars = _grammars(args.prompts, [p for p in prompts if p.id in checkers], target, eos,
+                             runners[CONSTRAINED_REFERENCE].vocab_size if checkers else 0)
+    except ValueError as exc:
+        _log(f"error: {exc}")
+        return 2
 
     rendered: list[tuple[Any, list[int]]] = []
     for p in prompts:
@@ -161,8 +238,12 @@ def run(args: argparse.Namespace) -> int:
     bar = tqdm(rendered, desc="bench", unit="prompt", file=sys.stderr, dynamic_ncols=True)
     for p, ids in bar:
         mine: list[dict[str, Any]] = []
+        check = checkers.get(p.id)
         for name, runner in runners.items():
-            r = runner.generate(ids, args.max_tokens)
+            if check is not None and name in HF_SYSTEMS:
+                continue  # generate cannot constrain its output
+            r = (runner.generate(ids, args.max_tokens, grammars[p.id]) if check is not None
+                 else runner.generate(ids, args.max_tokens))
             row: dict[str, Any] = {
                 "id": p.id, "kind": p.kind, "system": name, "prompt_tokens": len(ids),
                 "seconds": round(r.seconds, 6), "new_tokens": len(r.tokens),
@@ -171,12 +252,20 @@ def run(args: argparse.Namespace) -> int:
             }
             if r.stats is not None:
                 row["stats"] = r.stats
+            if check is not None:
+                why = check(target.tokenizer.decode(r.tokens, skip_special_tokens=True))
+                row["valid"] = why is None
+                if why is not None:
+                    cut = len(r.tokens) >= args.max_tokens
+                    row["invalid"] = f"cut by --max-tokens {args.max_tokens}" if cut else why
             mine.append(row)
-        reference = next(row["tokens"] for row in mine if row["system"] == REFERENCE)
+        ref_system = REFERENCE if check is None else CONSTRAINED_REFERENCE
+        reference = next(row["tokens"] for row in mine if row["system"] == ref_system)
         for row in mine:
             row["exact"] = row["tokens"] == reference
         oracle = copy_oracle(ids, reference)
-        prompt_info.append({"id": p.id, "kind": p.kind, "prompt_tokens": len(ids),
+        prompt_info.append({"id": p.id, "kind": p.kind, "prompt_tokens": len(ids), "reference": ref_system,
+                            "response_format": p.response_format,
                             "reference_tokens": len(reference),
                             "copy_oracle": None if oracle.value is None else round(oracle.value, 4),
                             "copy_oracle_steps": oracle.steps})
@@ -191,7 +280,12 @@ def run(args: argparse.Namespace) -> int:
     summary["elapsed_s"] = round(elapsed, 2)
     mismatched = [f"{r['id']} ({r['system']})" for r in rows if not r["exact"]]
     if mismatched:
-        notes.append("not exact against hf-greedy: " + ", ".join(mismatched))
+        notes.append("not exact against the reference (hf-greedy; lookupspec-plain for a response_format): "
+                     + ", ".join(mismatched))
+        _log(f"warning: {notes[-1]}")
+    invalid = [f"{r['id']} ({r['system']}): {r['invalid']}" for r in rows if r.get("valid") is False]
+    if invalid:
+        notes.append("outputs that do not follow their response_format: " + "; ".join(invalid))
         _log(f"warning: {notes[-1]}")
     print(markdown_summary(summary, systems))
     print(f"\n{len(rendered)} prompts, {args.max_tokens} max new tokens, {elapsed:.0f} s measured.")
@@ -200,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
               "draft_model": None if draft is None else draft.name, "dtype": args.dtype,
               "device": args.device, "max_tokens": args.max_tokens, "systems": systems,
               "kinds": args.kinds, "limit": args.limit, "warmup": args.warmup,
+              "constrained_prompts": len(checkers),
               "eos_token_ids": list(eos), "argv": sys.argv}
     info = machine_info()
     if args.json:

@@ -1,4 +1,7 @@
-"""Benchmark prompt files: JSONL rows ``{"id", "kind", "messages"}`` with chat messages.
+"""Benchmark prompt files: JSONL rows ``{"id", "kind", "messages"}`` with chat messages, and optionally
+``response_format`` (OpenAI's shape: ``{"type": "json_schema", "json_schema": {"name", "schema",
+"strict"}}`` or ``{"type": "json_object"}``), which constrains that prompt's output: the benchmarks
+send it with the prompt and check every output against it (``fixtures/bench/extraction.jsonl``).
 
 ``select_prompts`` filters by kind and takes ``limit`` rows round-robin across kinds (in the order
 the kinds first appear), so ``--limit 8`` on a four-kind file gives two prompts of each kind whatever
@@ -11,10 +14,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["DEFAULT_PROMPTS", "KINDS", "BenchPrompt", "load_prompts", "select_prompts"]
+__all__ = ["DEFAULT_PROMPTS", "EXTRACTION_PROMPTS", "KINDS", "BenchPrompt", "check_response_format",
+           "load_prompts", "select_prompts"]
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "fixtures" / "bench" / "prompts.jsonl"
+EXTRACTION_PROMPTS = DEFAULT_PROMPTS.with_name("extraction.jsonl")
 KINDS = ("summarize", "rag_qa", "code_edit", "creative")  # the default set's kinds
 ROLES = ("system", "user", "assistant")
 
@@ -24,6 +30,31 @@ class BenchPrompt:
     id: str
     kind: str
     messages: tuple[dict[str, str], ...]
+    response_format: dict[str, Any] | None = None  # OpenAI's shape; None: free text
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema its output must follow (None: free text or any JSON object)."""
+        rf = self.response_format
+        return None if rf is None or rf["type"] != "json_schema" else rf["json_schema"]["schema"]
+
+
+def check_response_format(rf: object) -> dict[str, Any] | None:
+    """A row's ``response_format`` in OpenAI's shape, or None for ``{"type": "text"}``; raises
+    ``ValueError`` saying what is wrong (whether the schema compiles is checked against a tokenizer,
+    where the benchmarks load the model)."""
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise ValueError("'response_format' must be an object whose type is text, json_object or json_schema")
+    if rf["type"] == "text":
+        return None
+    if rf["type"] == "json_object":
+        return {"type": "json_object"}
+    js = rf.get("json_schema")
+    if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+        raise ValueError("'response_format.json_schema.schema' must be a JSON schema object")
+    if not isinstance(js.get("name", ""), str) or not isinstance(js.get("strict", False), bool):
+        raise ValueError("'response_format.json_schema' name must be a string and strict a boolean")
+    return {"type": "json_schema", "json_schema": dict(js)}
 
 
 def _check_row(row: object, where: str) -> BenchPrompt:
@@ -43,8 +74,12 @@ def _check_row(row: object, where: str) -> BenchPrompt:
             raise ValueError(f"{where}: messages[{i}] must be {{'role': one of {ROLES}, 'content': text}}")
     if messages[-1]["role"] != "user":
         raise ValueError(f"{where}: the last message must be the user's")
+    try:
+        rf = check_response_format(row["response_format"]) if "response_format" in row else None
+    except ValueError as exc:
+        raise ValueError(f"{where} ({row['id']}): {exc}") from None
     return BenchPrompt(row["id"], row["kind"], tuple({"role": m["role"], "content": m["content"]}
-                                                    for m in messages))
+                                                    for m in messages), rf)
 
 
 def load_prompts(path: str | Path) -> list[BenchPrompt]:

@@ -125,11 +125,18 @@ def _kind_summary(rows: Sequence[Mapping[str, Any]], oracle: Mapping[str, float 
             "median_tokens_per_s": _median(r["tokens_per_s"] for r in mine),
             "median_speedup_vs_hf_greedy": _median(_speedups(rows, system, "hf-greedy")),
             "median_speedup_vs_hf_pld": _median(_speedups(rows, system, "hf-pld")),
+            "median_speedup_vs_lookupspec_plain": _median(_speedups(rows, system, "lookupspec-plain")),
+            # all the system's tokens over all its seconds: long outputs weigh more than in the median
+            "total_tokens_per_s": (round(sum(r["new_tokens"] for r in mine) / seconds, 4)
+                                   if (seconds := sum(r["seconds"] for r in mine)) > 0 else None),
             "mean_tokens_per_forward": _mean(r["new_tokens"] / r["target_forwards"]
                                              for r in mine if r["target_forwards"]),
             "mean_new_tokens": _mean(r["new_tokens"] for r in mine),
             "exact": sum(bool(r["exact"]) for r in mine),
             "rows": len(mine),
+            # outputs checked against their prompt's response_format, and how many passed
+            "checked": sum("valid" in r for r in mine),
+            "valid": sum(r.get("valid") is True for r in mine),
         }
         out["systems"][system] = entry
     spec = [r for r in rows if r["system"] == "lookupspec" and r.get("stats")]
@@ -163,18 +170,21 @@ def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
 
 def markdown_summary(summary: Mapping[str, Any], systems: Sequence[str]) -> str:
     """Two markdown tables: per (kind, system) speed and exactness; per kind the copy statistics."""
-    lines = ["| kind | system | prompts | tok/s (median) | vs hf-greedy | vs hf-pld | tokens/forward "
-             "| exact |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| kind | system | prompts | tok/s (median) | vs hf-greedy | vs hf-pld | vs lookupspec-plain "
+             "| tokens/forward | exact | valid |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for kind, ks in summary["by_kind"].items():
         for system in systems:
             e = ks["systems"].get(system)
             if e is None:
                 continue
+            valid = f"{e['valid']}/{e['checked']}" if e["checked"] else "-"
             lines.append(
                 f"| {kind} | {system} | {ks['prompts']} | {_fmt(e['median_tokens_per_s'], '.1f')} | "
                 f"{_fmt(e['median_speedup_vs_hf_greedy'], '.2f', 'x')} | "
                 f"{_fmt(e['median_speedup_vs_hf_pld'], '.2f', 'x')} | "
-                f"{_fmt(e['mean_tokens_per_forward'])} | {e['exact']}/{e['rows']} |")
+                f"{_fmt(e['median_speedup_vs_lookupspec_plain'], '.2f', 'x')} | "
+                f"{_fmt(e['mean_tokens_per_forward'])} | {e['exact']}/{e['rows']} | "
+                f"{valid} |")
     lines += ["", "| kind | acceptance length (lookupspec) | copy oracle | acceptance / oracle | "
               "accepted draft tokens by source |", "|---|---:|---:|---:|---|"]
     for kind, ks in summary["by_kind"].items():

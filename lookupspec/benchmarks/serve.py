@@ -13,9 +13,11 @@ acceptance length and, from /metrics deltas over the pass, the server's decode t
 lookupspec every level runs twice, speculation on (lookup sources --sources) and off
 (lookup.enabled=false), as two back-to-back passes whose order alternates from level to level (on, off;
 then off, on; ...), so drift in the machine's load hits both modes alike. Warm-up requests run first
-and are not counted. A server started here gets one API key per pass (and per mode's warm-up), so each
-pass runs in a namespace of its own and finds nothing an earlier pass left in the prefix cache or the
-output index (--shared-namespace: one namespace for all, as before); hits within a pass still count.
+and are not counted, nor is one one-token request per distinct response_format of the prompt set
+(a server compiles a schema's grammar on first use, seconds, and then keeps it). A server started here
+gets one API key per pass (and per mode's warm-up), so each pass runs in a namespace of its own and
+finds nothing an earlier pass left in the prefix cache or the output index (--shared-namespace: one
+namespace for all, as before); hits within a pass still count.
 
 Rules (the JSON's `rules` repeats them):
 - TTFT: request sent to the first SSE event with text, queueing included.
@@ -34,6 +36,9 @@ Rules (the JSON's `rules` repeats them):
   is delta step_sequences / delta steps.
 - Exactness: every response's text is recorded and compared with the same prompt's response at the
   lowest level (1 by default) in the same mode, and, at each level, speculation on with off.
+- Validity: a prompt with a ``response_format`` (``--prompts extraction``) sends it with its request;
+  every response's text is parsed and validated against the schema (``valid`` per response and per
+  pass; a response cut by max_tokens is not valid).
 
 Example: lookupspec bench-serve --concurrency 1,8 --json out/serve.json --plot out/serve.png
 """
@@ -52,14 +57,22 @@ from pathlib import Path
 from typing import Any
 
 from lookupspec.benchmarks.http_client import bearer
-from lookupspec.benchmarks.prompts import DEFAULT_PROMPTS, BenchPrompt, load_prompts, select_prompts
+from lookupspec.benchmarks.prompts import (
+    DEFAULT_PROMPTS,
+    EXTRACTION_PROMPTS,
+    BenchPrompt,
+    load_prompts,
+    select_prompts,
+)
 from lookupspec.benchmarks.serve_load import LoadSettings, Target, pass_labels, sweep
 from lookupspec.benchmarks.serve_report import RULES, count_differences, markdown_tables, plot_sweep
+from lookupspec.benchmarks.validity import output_checker
 from lookupspec.commands.common import non_negative_int, positive_int
 
 __all__ = ["PROMPT_SETS", "configure", "pass_keys", "run"]
 
-PROMPT_SETS = {"default": DEFAULT_PROMPTS, "short": DEFAULT_PROMPTS.with_name("short_prompts.jsonl")}
+PROMPT_SETS = {"default": DEFAULT_PROMPTS, "short": DEFAULT_PROMPTS.with_name("short_prompts.jsonl"),
+               "extraction": EXTRACTION_PROMPTS}
 MODES = ("on", "off")
 _SERVE_FLAGS = ("--dtype", "--device", "--max-batch", "--max-batch-tokens", "--prefill-chunk",
                 "--kv-cache-mb", "--threads", "--serve-arg", "--server-log")
@@ -110,7 +123,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--server-log", type=Path, default=None,
       help="the served process's output (default: next to --json, else a kept temporary file)")
     a("--prompts", default="default",
-      help="JSONL prompt file, or `default` (48 prompts of 700-1200 tokens) or `short` (under 100 tokens)")
+      help="JSONL prompt file, or `default` (48 prompts of 700-1200 tokens), `short` (under 100 tokens) or "
+           "`extraction` (24 documents, a JSON schema each: give it --max-tokens 320)")
     a("--kinds", default=None, help="comma-separated prompt kinds (None: all)")
     a("--limit", type=positive_int, default=None, help="use the first N prompts, round-robin across kinds")
     a("--concurrency", type=_levels, default="1,4,8,16,32", help="comma-separated levels")
@@ -217,7 +231,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         prompts = select_prompts(load_prompts(PROMPT_SETS.get(args.prompts, args.prompts)),
                                  args.kinds.split(",") if args.kinds else None, args.limit)
-    except (OSError, ValueError) as exc:
+        for p in prompts:  # a schema that is not one fails here, not in every response
+            try:
+                output_checker(p.response_format)
+            except ValueError as exc:
+                raise ValueError(f"{p.id}: response_format: {exc}") from None
+    except (OSError, ValueError, ImportError) as exc:
         problem = problem or f"prompts: {exc}"
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -324,6 +343,10 @@ def _report(args: argparse.Namespace, result: dict[str, Any]) -> int:
     if result["server"]["log"]:
         _log(f"server log: {result['server']['log']}")
     errors = sum(s["errors"] for s in result["summary"])
+    invalid = sum(s["checked"] - s["valid"] for s in result["summary"])
+    if invalid:
+        _log(f"warning: {invalid} responses do not follow their prompt's response_format "
+             "(see `invalid` in the JSON)")
     differ = sum((s["exactness"] or {}).get("differ", 0) for s in result["summary"])
     if differ:
         _log(f"warning: {differ} responses differ from the same prompt's at the reference level")

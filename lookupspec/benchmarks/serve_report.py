@@ -36,13 +36,20 @@ RULES = {
     "exactness": "each response's text against the same prompt's at the reference level in the same mode "
                  "(and speculation on against off at the same level); greedy decoding",
     "percentiles": "nearest rank, index round(q/100*(n-1)) of the sorted values",
+    "valid": "a prompt with a response_format: its response's text parses and validates against the schema "
+             "(jsonschema-rs; a response cut by max_tokens is not valid)",
 }
 
 
 def response_record(r: StreamedResponse, prompt: BenchPrompt, client: int, pass_start: float,
-                    count_tokens: Callable[[str], int] | None) -> dict[str, Any]:
-    """One response as the JSON stores it (times in seconds; ``chunk_s`` relative to sending)."""
+                    count_tokens: Callable[[str], int] | None,
+                    check: Callable[[str], str | None] | None = None) -> dict[str, Any]:
+    """One response as the JSON stores it (times in seconds; ``chunk_s`` relative to sending);
+    ``valid`` (None: not checked): the text follows the prompt's response_format (``check``)."""
     ok = r.error is None
+    invalid = None
+    if check is not None and ok:
+        invalid = ("cut by max_tokens" if r.finish_reason == "length" else None) or check(r.text)
     return {
         "id": prompt.id, "kind": prompt.kind, "client": client,
         "start_s": round(r.sent - pass_start, 5),
@@ -56,6 +63,8 @@ def response_record(r: StreamedResponse, prompt: BenchPrompt, client: int, pass_
         "text": r.text,
         "speculation": r.speculation,
         "error": r.error,
+        "valid": None if check is None or not ok else invalid is None,
+        "invalid": invalid,
     }
 
 
@@ -119,6 +128,7 @@ def summarize_pass(records: Sequence[Mapping[str, Any]], wall_s: float,
     steps = sum(s["steps"] for s in spec)
     prompt_tokens = [r["prompt_tokens"] for r in ok if r["prompt_tokens"] is not None]
     busy_s, busy_tokens = _busy_window(records, ok)
+    checked = [r for r in ok if r.get("valid") is not None]
     return {
         "requests": len(records), "errors": len(records) - len(ok), "wall_s": round(wall_s, 4),
         "output_tokens": tokens, "event_tokens_counted": sum(counted),
@@ -133,6 +143,7 @@ def summarize_pass(records: Sequence[Mapping[str, Any]], wall_s: float,
         "acceptance_length": (round((sum(s["accepted_tokens"] for s in spec) + steps) / steps, 4)
                               if steps else None),
         "server": server_rates(delta) if delta is not None else None,
+        "checked": len(checked), "valid": sum(bool(r["valid"]) for r in checked),
         "exactness": None, "on_vs_off": None,
     }
 
@@ -227,8 +238,8 @@ def markdown_tables(result: Mapping[str, Any]) -> str:
                   "| streams | requests | output tok/s | vs 1 stream | busy tok/s | req/s | TTFT p50 ms "
                   "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | acceptance length | decode tok/s (server) "
                   "| mean batch | prefix-cache hit tokens "
-                  f"| differ vs {ref} stream{'s' if ref > 1 else ''} |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  f"| differ vs {ref} stream{'s' if ref > 1 else ''} | valid |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         base = by.get((ref, mode))
         for level in st["levels"]:
             s = by.get((level, mode))
@@ -243,7 +254,8 @@ def markdown_tables(result: Mapping[str, Any]) -> str:
                      _f(s["ttft_p99_s"], ".0f", 1000), _f(s["itl_p50_s"], ".1f", 1000),
                      _f(s["itl_p99_s"], ".1f", 1000), _f(s["acceptance_length"], ".2f"),
                      _f(server.get("decode_tokens_per_s")), _f(server.get("mean_batch"), ".2f"),
-                     _f(server.get("prefix_hit_tokens"), ".0f"), _pair(s["exactness"])]
+                     _f(server.get("prefix_hit_tokens"), ".0f"), _pair(s["exactness"]),
+                     f"{s['valid']}/{s['checked']}" if s.get("checked") else "-"]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     if {"on", "off"} <= set(_modes(result)):
         lines += ["", "**speculation on vs off**", "",

@@ -1,7 +1,10 @@
 """The systems `lookupspec bench` compares: the lookupspec engine and the Hugging Face peers.
 
 Every system turns prompt token ids into a :class:`Run` (greedy, batch 1, at most ``max_tokens``
-new tokens, stopping at the model's EOS ids exactly like the others). Timing covers the whole
+new tokens, stopping at the model's EOS ids exactly like the others). The lookupspec systems also
+take a prompt's logits processing (``LogitsParams``: the grammar of its ``response_format``); the HF
+peers cannot constrain their output to a grammar, so `lookupspec bench` does not run them on such
+prompts. Timing covers the whole
 request: from asking for the first token (prefill included) to receiving the last one.
 
 - ``lookupspec``: :class:`lookupspec.engine.Engine`, built by :func:`build_lookupspec_engine` (the one
@@ -27,6 +30,7 @@ from typing import Any
 import torch
 
 from lookupspec.config import EngineConfig
+from lookupspec.logits import LogitsParams
 from lookupspec.models import LoadedModel
 from lookupspec.params import LOOKUP_SOURCES, GenerationParams, SpecParams
 
@@ -116,8 +120,13 @@ class LookupspecSystem:
         self.eos_ids = tuple(eos_ids)
         self.uses_draft_model = "draft_model" in self.spec.sources and self.spec.enabled
 
-    def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Run:
-        params = GenerationParams(max_tokens=max_tokens, eos_token_ids=self.eos_ids)
+    @property
+    def vocab_size(self) -> int:
+        return int(self.engine.vocab_size)
+
+    def generate(self, prompt_ids: Sequence[int], max_tokens: int, logits: LogitsParams | None = None) -> Run:
+        params = GenerationParams(max_tokens=max_tokens, eos_token_ids=self.eos_ids,
+                                  logits=logits if logits is not None else LogitsParams())
         tokens: list[int] = []
         stats = None
         with torch.inference_mode():

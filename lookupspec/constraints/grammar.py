@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,15 +42,18 @@ class GrammarSpec:
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str, strict: bool = True) -> GrammarSpec:
-        """From a schema (a dict or its JSON text), in a canonical text so equal schemas share a cache
-        entry. Raises :class:`GrammarError` for text that is not a JSON object."""
+        """From a schema (a dict or its JSON text), in a compact text so equal schemas share a cache
+        entry. The order of keys is kept: the output writes an object's properties in the order the
+        schema lists them (as OpenAI's structured outputs do), so two schemas that list them in
+        different orders are different grammars. Raises :class:`GrammarError` for text that is not a
+        JSON object."""
         try:
             obj = json.loads(schema) if isinstance(schema, str) else schema
         except json.JSONDecodeError as e:
             raise GrammarError(f"the schema is not valid JSON: {e}") from None
         if not isinstance(obj, dict):
             raise GrammarError("a JSON schema must be a JSON object")
-        return cls("json_schema", json.dumps(obj, sort_keys=True, separators=(",", ":")), strict)
+        return cls("json_schema", json.dumps(obj, separators=(",", ":")), strict)
 
     @classmethod
     def json_object(cls) -> GrammarSpec:
@@ -72,6 +75,9 @@ class Grammar:
     # a string with maxLength lets them through (its plain string rule does not), so every mask is
     # ANDed with this one.
     allowed_anywhere: Any = None
+    # text -> token ids with the grammar's tokenizer (no special tokens); it turns the text the
+    # grammar forces next (keys, punctuation) into draft tokens. None: no such drafts.
+    encode: Callable[[str], list[int]] | None = None
 
 
 class GrammarCompiler:
@@ -89,6 +95,7 @@ class GrammarCompiler:
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
                                                        stop_token_ids=list(self.stop_token_ids))
         self._allowed_anywhere = _without_control_bytes(info.decoded_vocab, self.vocab_size)
+        self._encode = _encoder(tokenizer)
         # one thread: the machine's cores belong to the forward; compiled grammars are cached below
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._cache: OrderedDict[GrammarSpec, Grammar] = OrderedDict()
@@ -110,12 +117,24 @@ class GrammarCompiler:
         except (RuntimeError, ValueError, TypeError) as e:
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise GrammarError(f"unsupported or invalid JSON schema: {_strip_log_prefix(msg)}") from None
-        grammar = Grammar(spec, compiled, self.vocab_size, self.stop_token_ids, self._allowed_anywhere)
+        grammar = Grammar(spec, compiled, self.vocab_size, self.stop_token_ids, self._allowed_anywhere,
+                          self._encode)
         with self._lock:
             self._cache[spec] = grammar
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return grammar
+
+
+def _encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """The tokenizer's ``encode`` without special tokens; [] where it fails (a draft is only a guess)."""
+    def encode(text: str) -> list[int]:
+        try:
+            return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+        except Exception:  # a tokenizer busy in another thread, an odd character ...
+            return []
+
+    return encode
 
 
 def _without_control_bytes(vocab: Sequence[bytes], vocab_size: int) -> np.ndarray:

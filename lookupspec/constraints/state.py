@@ -16,6 +16,15 @@ Worked example, a grammar for ``"a" | "ab"`` and tokens a=1, b=2, c=3, end=0: th
 ``a``), so the verified tree is ``[1, 2]``, ``[-1, 0]`` with masks: root {a}, after ``a`` {b, end},
 after ``ab`` {end}.
 
+*Grammar drafts* (``jump`` > 0, speculation on): where the grammar forces the text that comes next
+(an object's next key with its quotes, colon and comma, under a strict schema), the walk first
+drafts that text as a chain from the root, in the tokenizer's own tokens: ``, "due_date": "``
+becomes ``,`` `` "`` ``due`` ``_`` ``date`` ``":`` `` "``. The drafters' tree is grafted onto the
+chain: its nodes that spell the chain's tokens merge into it, their children hang below, the rest
+stay siblings (and are pruned if the grammar forbids them). They are drafts like any other: the
+target verifies them, so the output does not change; they are almost always accepted, because the
+grammar leaves the target no other text there, only other ways to cut it into tokens.
+
 After verification the caller commits the emitted tokens (:meth:`GrammarState.commit`), which
 moves the root.
 """
@@ -30,7 +39,7 @@ import torch
 
 from lookupspec.constraints.grammar import Grammar
 
-__all__ = ["GrammarState", "TreeMasks", "apply_bitmask", "bitmask_width"]
+__all__ = ["GrammarState", "TreeMasks", "apply_bitmask", "bitmask_width", "graft"]
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -40,14 +49,23 @@ def bitmask_width(vocab_size: int) -> int:
 
 @dataclass(frozen=True)
 class TreeMasks:
-    """What :meth:`GrammarState.walk` found. ``kept``: the original indices of the nodes kept,
-    ascending (so a kept parent still precedes its children); ``masks``: [len(kept) + 1, words] int32
-    bitmasks, row 0 the root's, row ``i + 1`` kept node ``i``'s; ``dead``: per row, no token at all is
-    allowed there (the grammar dead-ends on that path)."""
+    """What :meth:`GrammarState.walk` found: the tree to verify and its masks. ``tokens``, ``parents``:
+    [m] the verified tree (parents[i] < i, -1 = the root); ``kept``: [m] each verified node's index in
+    the draft tree given to the walk, ascending where the walk drafted nothing itself, -1 for a node
+    the grammar drafted; ``masks``: [m + 1, words] int32 bitmasks, row 0 the root's, row ``i + 1``
+    verified node ``i``'s; ``dead``: per row, no token at all is allowed there (the grammar dead-ends
+    on that path)."""
 
     kept: tuple[int, ...]
-    masks: torch.Tensor  # [len(kept) + 1, words] int32, CPU
+    masks: torch.Tensor  # [m + 1, words] int32, CPU
     dead: tuple[bool, ...]
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+
+    @property
+    def drafted(self) -> int:
+        """Verified nodes the grammar drafted (no drafter proposed them)."""
+        return sum(k < 0 for k in self.kept)
 
 
 class GrammarState:
@@ -65,11 +83,24 @@ class GrammarState:
         """The grammar has accepted an end token: nothing more may follow."""
         return bool(self._matcher.is_terminated())
 
-    def walk(self, tokens: Sequence[int], parents: Sequence[int],
-             end_token_ids: Collection[int]) -> TreeMasks:
+    def jump_tokens(self, limit: int) -> list[int]:
+        """At most ``limit`` tokens of the text the grammar forces from the root (none where the next
+        character is free), as the grammar's tokenizer writes that text."""
+        if limit <= 0 or self.grammar.encode is None or self._matcher.is_terminated():
+            return []
+        text = self._matcher.find_jump_forward_string()
+        return self.grammar.encode(text)[:limit] if text else []
+
+    def walk(self, tokens: Sequence[int], parents: Sequence[int], end_token_ids: Collection[int],
+             jump: int = 0) -> TreeMasks:
         """Prune the draft tree (``tokens``, ``parents``: [n], parents[i] < i, -1 = the root) to the
-        nodes the grammar allows along their paths, and give every kept row's mask. The state is at
-        the root again afterwards."""
+        nodes the grammar allows along their paths, after grafting it onto the grammar's own draft of
+        at most ``jump`` tokens (see the module docstring), and give every kept row's mask. The state
+        is at the root again afterwards."""
+        forced = self.jump_tokens(jump)
+        origin: Sequence[int] = range(len(tokens))
+        if forced:
+            tokens, parents, origin = graft(forced, tokens, parents)
         n = len(tokens)
         children: list[list[int]] = [[] for _ in range(n + 1)]  # children[p + 1]
         for i, p in enumerate(parents):
@@ -100,11 +131,14 @@ class GrammarState:
                 continue
             self._fill(masks, node + 1)
             stack.append((node + 1, 0))
-        kept = tuple(int(i) for i in np.flatnonzero(keep))
+        kept = [int(i) for i in np.flatnonzero(keep)]
         rows = [0, *[i + 1 for i in kept]]
         out = masks[rows]
         dead = tuple(not bool(r.any()) for r in out)
-        return TreeMasks(kept, torch.from_numpy(out), dead)
+        where = {old: new for new, old in enumerate(kept)}
+        return TreeMasks(tuple(origin[i] for i in kept), torch.from_numpy(out), dead,
+                         tuple(int(tokens[i]) for i in kept),
+                         tuple(-1 if parents[i] < 0 else where[parents[i]] for i in kept))
 
     def _fill(self, masks: np.ndarray, row: int) -> None:
         view = torch.from_numpy(masks)  # shares memory: xgrammar writes the row in place
@@ -120,6 +154,30 @@ class GrammarState:
             if self._matcher.is_terminated() or not self._matcher.accept_token(int(t)):
                 return j
         return len(tokens)
+
+
+def graft(chain: Sequence[int], tokens: Sequence[int],
+          parents: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """The tree ``chain`` (a chain from the root) with the tree ``tokens``/``parents`` grafted onto it:
+    a node whose parent is the root or a chain node, and whose token is the chain's next token, merges
+    into that chain node; every other node is appended below its (merged) parent. Returns the tokens,
+    parents and, per node, its index in the grafted tree (-1 for a chain node nothing merged into).
+    Example: chain [5, 6], tree [5, 7, 8] with parents [-1, 0, 0] -> tokens [5, 6, 7, 8], parents
+    [-1, 0, 0, 0], origins [0, -1, 1, 2]."""
+    k = len(chain)
+    out_tokens, out_parents, origin = list(chain), list(range(-1, k - 1)), [-1] * k
+    where: list[int] = []  # tree node -> its index in the result
+    for i, (tok, par) in enumerate(zip(tokens, parents, strict=True)):
+        p = -1 if par < 0 else where[par]
+        if p < k - 1 and int(tok) == chain[p + 1] and origin[p + 1] < 0:  # spells the chain's next token
+            origin[p + 1] = i
+            where.append(p + 1)
+            continue
+        out_tokens.append(int(tok))
+        out_parents.append(p)
+        origin.append(i)
+        where.append(len(out_tokens) - 1)
+    return out_tokens, out_parents, origin
 
 
 def _allowed(mask_row: np.ndarray, token: int) -> bool:

@@ -22,8 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ToolPlan", "call_schema", "parse_calls", "render_tool_messages", "template_syntax"]
+__all__ = ["CALL_HEAD", "ToolPlan", "call_schema", "new_call_id", "parse_calls", "render_tool_messages",
+           "template_syntax"]
 
+# a constrained call's beginning up to its arguments' first character (which must be there)
+CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -100,11 +103,28 @@ def _arguments(value: Any) -> Any:
     return value
 
 
+def new_call_id() -> str:
+    """A tool call's id, in OpenAI's form (``call_`` and 24 characters)."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
 def _call(name: str, arguments: Any) -> dict[str, Any]:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {},
                                                                     ensure_ascii=False)
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-            "function": {"name": name, "arguments": args}}
+    return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _raw_arguments(text: str) -> str | None:
+    """The arguments' text of a constrained call as the model wrote it (``{"name": ..., "arguments":
+    <value>}``; the streamed fragments join to the same text); None where the layout differs."""
+    m = CALL_HEAD.match(text)
+    if m is None:
+        return None
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, m.end())
+    except json.JSONDecodeError:
+        return None
+    return text[m.end():end]
 
 
 def parse_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]]]:
@@ -115,7 +135,8 @@ def parse_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[str, A
             obj = json.loads(text)
         except json.JSONDecodeError:
             return text, []
-        return None, [_call(obj["name"], obj.get("arguments"))]
+        raw = _raw_arguments(text)
+        return None, [_call(obj["name"], raw if raw is not None else obj.get("arguments"))]
     if plan.syntax == "hermes":
         calls = []
         for block in _HERMES.findall(text):

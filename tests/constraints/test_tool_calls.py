@@ -46,3 +46,49 @@ def test_template_syntax() -> None:
     assert template_syntax(None) is None and template_syntax("{{ messages }}") is None
     assert template_syntax("{% if tools %}<tool_call>{% endif %}") == "hermes"
     assert template_syntax("{% if tools %}{{ tools | tojson }}{% endif %}") == "llama3"
+
+
+# ------------------------------------------------------------------------------ streamed arguments
+
+
+def _stream(pieces: list[str]) -> tuple[list[list[dict]], list[dict], bool]:
+    from lookupspec.service.tool_stream import CallStream
+
+    s = CallStream()
+    fed = [s.feed(p) for p in pieces]
+    tail, complete = s.finish()
+    return fed, tail, complete
+
+
+def test_a_constrained_call_streams_its_header_then_argument_fragments() -> None:
+    fed, tail, complete = _stream(['{"name": "f", "arg', 'uments": {"city": "Os', 'lo", "n": [1, ', '2]}}'])
+    assert fed[0] == []  # the arguments' key is not complete yet
+    head, first = fed[1]
+    assert head["index"] == 0 and head["id"].startswith("call_") and head["type"] == "function"
+    assert head["function"] == {"name": "f", "arguments": ""}
+    assert first == {"index": 0, "function": {"arguments": '{"city": "Os'}}
+    assert fed[2] == [{"index": 0, "function": {"arguments": 'lo", "n": [1, '}}]
+    assert fed[3] == [{"index": 0, "function": {"arguments": "2]}"}}]  # the call's own "}" is not sent
+    assert tail == [] and complete
+
+
+def test_streamed_fragments_join_to_the_non_streamed_arguments_character_by_character() -> None:
+    arguments = '{"q": "a \\"}\\" {[", "x": {"y": [1, {"z": null}]}, "e": 1.50}'
+    text = '{"name": "get_weather", "arguments": ' + arguments + "}"
+    fed, tail, complete = _stream(list(text))
+    deltas = [d for ds in fed for d in ds] + tail
+    assert complete and deltas[0]["function"]["name"] == "get_weather"
+    joined = "".join(d["function"]["arguments"] for d in deltas)
+    _, calls = parse_calls(text, ToolPlan("json", ("get_weather",)))
+    assert joined == calls[0]["function"]["arguments"] == arguments
+    assert sum(bool(d["function"]["arguments"]) for d in deltas) > 1
+
+
+def test_a_scalar_argument_is_sent_whole_at_the_end_and_a_cut_call_is_not_complete() -> None:
+    fed, tail, complete = _stream(['{"name": "f", "arguments": 12', '.5}'])
+    assert [d["function"].get("name") for d in fed[0]] == ["f"] and fed[1] == []
+    assert tail == [{"index": 0, "function": {"arguments": "12.5"}}] and complete
+    fed, tail, complete = _stream(['{"name": "f", "arguments": {"a": "b', 'c'])
+    assert "".join(d["function"]["arguments"] for ds in fed for d in ds) == '{"a": "bc' and not complete
+    fed, tail, complete = _stream(['{"name": "f"'])
+    assert fed == [[]] and not complete

@@ -210,3 +210,18 @@ def test_grammar_dead_end_ends_that_request_alone(tiny_loaded, tokenizer, compil
     assert a.finish_reason == "error" and last is not None and "min_tokens" in (last.error or "")
     assert json.loads(tokenizer.decode(outs[id(a)])) == {"a": "x"}
     assert len(outs[id(b)]) == 40 and b.finish_reason == "length"
+
+
+def test_the_grammar_drafts_the_text_it_forces_and_the_output_does_not_change(tiny_loaded, compiler):
+    """No drafter proposes anything: every draft node is the grammar's (the schema's keys and
+    punctuation), almost all accepted; the tokens are plain decoding's. Speculation off drafts none."""
+    params = _params(_options(compiler)["schema"], SamplingParams(), 64)
+    plain, plain_steps = _run(Engine(tiny_loaded.model, lookup=ScriptedDrafting([], "none", 512)), params,
+                              SpecParams(enabled=False))
+    assert plain_steps[-1].stats.draft_tokens == 0
+    got, steps = _run(Engine(tiny_loaded.model, lookup=ScriptedDrafting([], "none", 512)), params,
+                      SpecParams(max_draft_tokens=8))
+    assert got == plain
+    stats = steps[-1].stats
+    assert set(stats.draft_tokens_by_source) == {"grammar"} and stats.accepted_tokens_by_source["grammar"] > 5
+    assert len(steps) < len(plain_steps)

@@ -171,6 +171,30 @@ def test_named_tool_call_and_its_streamed_deltas(oai):
     assert json.loads(arguments) == json.loads(on.choices[0].message.tool_calls[0].function.arguments)
 
 
+@pytest.mark.parametrize("lookup", [{"enabled": False}, {"enabled": True}], ids=["off", "on"])
+def test_a_constrained_call_streams_its_arguments_as_they_are_generated(oai, lookup):
+    """OpenAI's incremental shape: a first delta with index, id, type, name and empty arguments, then
+    argument fragments (several), then finish_reason tool_calls; joined, they are exactly the
+    arguments of the same request not streamed."""
+    kwargs = {"messages": [{"role": "user", "content": "Weather in Oslo for three days?"}], "max_tokens": 60,
+              "temperature": 0.0, "tools": [WEATHER, CLOCK], "tool_choice": "required",
+              "extra_body": {"lookup": lookup}}
+    whole = oai.chat.completions.create(model=MODEL, **kwargs).choices[0].message.tool_calls[0]
+    deltas, finish = [], None
+    for chunk in oai.chat.completions.create(model=MODEL, stream=True, **kwargs):
+        for c in chunk.choices:
+            deltas += list(c.delta.tool_calls or ())
+            finish = c.finish_reason or finish
+    first, rest = deltas[0], deltas[1:]
+    assert first.index == 0 and first.id.startswith("call_") and first.type == "function"
+    assert first.function.name == whole.function.name and first.function.arguments == ""
+    assert all(d.index == 0 and d.id is None and not d.function.name for d in rest)
+    fragments = [d.function.arguments for d in rest]
+    assert len(fragments) > 1 and all(fragments)
+    assert "".join(fragments) == whole.function.arguments and finish == "tool_calls"
+    json.loads(whole.function.arguments)
+
+
 def test_required_tool_choice_and_tool_messages_in_the_conversation(oai):
     first = oai.chat.completions.create(
         model=MODEL,
