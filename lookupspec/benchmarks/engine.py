@@ -203,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     runners: dict[str, Any] = {}
     for name in systems:
         runners[name] = (LookupspecSystem(target, draft, eos, name, packed_linear=args.packed_linear,
-                                          lean_forward=args.lean_forward) if name in LOOKUPSPEC_SYSTEMS
+                                          lean_forward=args.lean_forward, cuda_graphs=args.cuda_graphs)
+                         if name in LOOKUPSPEC_SYSTEMS
                          else HFSystem(name, target, eos, counter, draft))
     try:
         grammars = _grammars(args.prompts, [p for p in prompts if p.id in checkers], target, eos,

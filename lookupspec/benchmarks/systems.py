@@ -81,12 +81,12 @@ class ForwardCounter:
 
 def build_lookupspec_engine(target: LoadedModel, draft: LoadedModel | None, *,
                             speculate: bool = True, lean: bool = True,
-                            packed_linear: bool = True) -> tuple[Any, SpecParams]:
+                            packed_linear: bool = True, cuda_graphs: str = "auto") -> tuple[Any, SpecParams]:
     """The engine and per-request speculation settings a ``lookupspec`` system benchmarks: lookups
     always, the draft model when one is given; the cost model is seeded by a warm-up. The engine
     runs on its own copy of the models with oneDNN-packed linear layers unless ``packed_linear`` is
     false (as ``TextEngine.load`` serves them) and on the lean forward unless ``lean`` is false; the HF
-    systems keep the stock model."""
+    systems keep the stock model. ``cuda_graphs``: as ``--cuda-graphs``."""
     import copy
 
     from lookupspec.engine import Engine
@@ -95,7 +95,8 @@ def build_lookupspec_engine(target: LoadedModel, draft: LoadedModel | None, *,
     model = copy.deepcopy(target.model)
     draft_model = copy.deepcopy(draft.model) if draft is not None and speculate else None
     prepare_models(model, draft_model, packed_linear=packed_linear)
-    engine = Engine(model, EngineConfig(context_window=target.context_window, lean=lean),
+    engine = Engine(model, EngineConfig(context_window=target.context_window, lean=lean,
+                                         cuda_graphs=cuda_graphs),
                     draft_model=draft_model)
     engine.warmup()
     if not speculate:
@@ -110,13 +111,15 @@ class LookupspecSystem:
     ``lookupspec-hf-forward``: speculation on transformers' forward."""
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, eos_ids: Sequence[int],
-                 name: str = "lookupspec", *, packed_linear: bool = True, lean_forward: bool = True) -> None:
+                 name: str = "lookupspec", *, packed_linear: bool = True, lean_forward: bool = True,
+                 cuda_graphs: str = "auto") -> None:
         if name not in LOOKUPSPEC_SYSTEMS:
             raise ValueError(f"unknown lookupspec system {name!r}")
         self.name = name
         lean = lean_forward and name != "lookupspec-hf-forward"
         self.engine, self.spec = build_lookupspec_engine(target, draft, speculate=name != "lookupspec-plain",
-                                                         lean=lean, packed_linear=packed_linear)
+                                                         lean=lean, packed_linear=packed_linear,
+                                                         cuda_graphs=cuda_graphs)
         self.eos_ids = tuple(eos_ids)
         self.uses_draft_model = "draft_model" in self.spec.sources and self.spec.enabled
 

@@ -1,10 +1,11 @@
 /* ------------------------------------------------------------------------------------------------
    Quantized weights (GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), multiplied without a
-   float copy of the model: each panel of 16-column blocks is dequantized, KCHUNK values of k at a
-   time, into a per-thread buffer that stays in L1, and every row tile of the product runs over it,
-   continuing its fused multiply-add chains where the previous chunk left them. So every output is the
-   float kernel's chain on the dequantized weights, bit for bit, and all the rows of a product reuse
-   one dequantization of each block.
+   float copy of the model. Up to QREG_M rows (decode steps, small draft trees) every weight vector is
+   dequantized in registers right before the multiply-adds of the tile's rows that use it; past that
+   (prompt chunks, big trees) each tile's 16-column blocks are dequantized over the whole K into a
+   per-thread panel that stays in L2, and the float kernel's own tiles multiply it, every row tile
+   reusing one dequantization. Either way every output is the float kernel's fused multiply-add chain
+   on the dequantized weights, bit for bit.
 
    The weights are regrouped at load (quantized.py) by 16 output rows, each field a plane whose
    innermost dimension is the group's 16 rows, so the k-th weights of 16 rows are one 16-lane
@@ -346,62 +347,11 @@ static void run_blocks_reg(const float *x, long M, long K, const planes *P, int 
     }
 }
 
-/* One tile over a chunk of k: R rows x C blocks continuing the chains in acc [R][C][16] (zero
-   before the first chunk), the chunk's weights wp [C][kn][16]; after the last chunk (y != NULL)
-   the sums go to y (+ bias) as the float kernel's tiles put them. Storing and reloading an
-   accumulator is exact, so the chains are the float kernel's. */
-#define TILEK(R, C)                                                                                 \
-    static void tilek_##R##_##C(const float *x, long ldx, const float *wp, long kn, float *accp,       \
-                                float *y, long ldy, const float *bias, long cols) {                   \
-        vec acc[R][C];                                                                               \
-        for (int r = 0; r < R; r++)                                                                  \
-            for (int c = 0; c < C; c++) acc[r][c] = v_load(accp + (r * C + c) * 16);                  \
-        for (long k = 0; k < kn; k++) {                                                              \
-            vec w[C];                                                                                \
-            for (int c = 0; c < C; c++) w[c] = v_load(wp + ((long)c * kn + k) * 16);                 \
-            for (int r = 0; r < R; r++) {                                                            \
-                float a = x[r * ldx + k];                                                            \
-                for (int c = 0; c < C; c++) acc[r][c] = v_fma(v_set(a), w[c], acc[r][c]);            \
-            }                                                                                        \
-        }                                                                                            \
-        if (!y) {                                                                                    \
-            for (int r = 0; r < R; r++)                                                              \
-                for (int c = 0; c < C; c++) v_store(accp + (r * C + c) * 16, acc[r][c]);              \
-            return;                                                                                  \
-        }                                                                                            \
-        for (int c = 0; c < C && c * 16 < cols; c++) {                                               \
-            long left = cols - c * 16;                                                               \
-            for (int r = 0; r < R; r++)                                                              \
-                put(y + r * ldy + c * 16, acc[r][c], bias ? bias + c * 16 : NULL, left);             \
-        }                                                                                            \
-    }
-
-typedef void (*tilek_fn)(const float *, long, const float *, long, float *, float *, long, const float *, long);
-
-TILEK(1, 1) TILEK(2, 1) TILEK(3, 1) TILEK(4, 1) TILEK(5, 1) TILEK(6, 1)
-static const tilek_fn K1[7] = {0, tilek_1_1, tilek_2_1, tilek_3_1, tilek_4_1, tilek_5_1, tilek_6_1};
-#if LS_ISA == 512
-TILEK(1, 2) TILEK(2, 2) TILEK(3, 2) TILEK(4, 2) TILEK(5, 2) TILEK(6, 2)
-TILEK(7, 2) TILEK(8, 2) TILEK(9, 2) TILEK(10, 2) TILEK(11, 2) TILEK(12, 2)
-TILEK(1, 3) TILEK(2, 3) TILEK(3, 3) TILEK(4, 3) TILEK(5, 3) TILEK(6, 3) TILEK(7, 3) TILEK(8, 3)
-TILEK(1, 4) TILEK(2, 4) TILEK(3, 4) TILEK(4, 4) TILEK(5, 4) TILEK(6, 4)
-static const tilek_fn K2[13] = {0, tilek_1_2, tilek_2_2, tilek_3_2, tilek_4_2, tilek_5_2, tilek_6_2,
-                                tilek_7_2, tilek_8_2, tilek_9_2, tilek_10_2, tilek_11_2, tilek_12_2};
-static const tilek_fn K3[9] = {0, tilek_1_3, tilek_2_3, tilek_3_3, tilek_4_3, tilek_5_3, tilek_6_3, tilek_7_3,
-                               tilek_8_3};
-static const tilek_fn K4[7] = {0, tilek_1_4, tilek_2_4, tilek_3_4, tilek_4_4, tilek_5_4, tilek_6_4};
-#else
-TILEK(1, 2) TILEK(2, 2) TILEK(3, 2)
-static const tilek_fn K2[4] = {0, tilek_1_2, tilek_2_2, tilek_3_2};
-static const tilek_fn K3[2] = {0, 0};
-static const tilek_fn K4[2] = {0, 0};
-#endif
-
 #ifndef QBUF_ROWS
 #define QBUF_ROWS 6
 #endif
 
-/* Values of k per chunk: a 4-block chunk's weights (32 KB) stay in L1 while every row tile reads them. */
+/* Values of k an embedding lookup dequantizes at a time (matmul_quant_rows). */
 #define KCHUNK 128
 
 /* A thread's panel buffer, grown as needed and kept (a decode step calls this ~120 times). */
@@ -417,30 +367,29 @@ static float *panel(size_t floats) {
     return panel_buf;
 }
 
+/* Rows [0, M) x blocks [b0, b1) past QREG_M rows (prompt chunks, big draft trees): each tile's
+   blocks are dequantized over the whole K into a per-thread panel (width x K x 16 floats: 288 KB
+   for 3 blocks at K = 1536, so it stays in L2), which the float kernel's own tiles then multiply,
+   every row tile reading it from cache, as they read a float panel after its first tile. */
 static void run_blocks_q(const float *x, long M, long K, const planes *P, int type, long N, const float *bias,
                          float *y, long b0, long b1, int width, int rows) {
-    float *buf = panel((size_t)width * KCHUNK * 16 + (size_t)M * width * 16);
+    float *buf = panel((size_t)width * K * 16);
     if (!buf) return;
-    float *accs = buf + (size_t)width * KCHUNK * 16; /* [tile][R][C][16], the tiles one after another */
     long b = b0;
     while (b < b1) {
         int c = width;
         while (c > 1 && b + c > b1) c = c == 3 ? 2 : c / 2;
         int rmax = c == 4 ? RMAX4 : c == 3 ? RMAX3 : c == 2 ? RMAX2 : 6;
         int step = rows < rmax ? rows : rmax;
-        const tilek_fn *table = c == 4 ? K4 : c == 3 ? K3 : c == 2 ? K2 : K1;
+        const tile_fn *table = c == 4 ? T4 : c == 3 ? T3 : c == 2 ? T2 : T1;
         long cols = N - b * 16;
         if (cols > 16L * c) cols = 16L * c;
-        memset(accs, 0, sizeof(float) * (size_t)M * c * 16);
-        for (long k0 = 0; k0 < K; k0 += KCHUNK) {
-            long kn = K - k0 < KCHUNK ? K - k0 : KCHUNK;
-            int last = k0 + kn == K;
-            for (int j = 0; j < c; j++) dequant(P, type, b + j, K, k0, k0 + kn, buf + j * kn * 16);
-            for (long m0 = 0; m0 < M; m0 += step) {
-                long r = M - m0 < step ? M - m0 : step;
-                table[r](x + m0 * K + k0, K, buf, kn, accs + m0 * c * 16, last ? y + m0 * N + b * 16 : NULL, N,
-                         bias ? bias + b * 16 : NULL, cols);
-            }
+        for (int j = 0; j < c; j++) dequant(P, type, b + j, K, 0, K, buf + j * K * 16);
+        const char *none = (const char *)buf; /* no prefetch: an empty range */
+        for (long m0 = 0; m0 < M; m0 += step) {
+            long r = M - m0 < step ? M - m0 : step;
+            table[r](x + m0 * K, K, buf, K, y + m0 * N + b * 16, N, bias ? bias + b * 16 : NULL, cols, none,
+                     none, 0);
         }
         b += c;
     }
