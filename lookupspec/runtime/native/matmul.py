@@ -77,6 +77,11 @@ def product_buffers(x: torch.Tensor, in_features: int, out_features: int,
                     kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [..., in_features] checked for a native product (float32, CPU, no autograd) and flattened
     to contiguous rows, and the output buffer [rows, out_features] the kernel writes."""
+    # the common case first, in as few tensor calls as can be: a decode step makes ~120 products,
+    # and the general checks below cost more than a small product's kernel
+    if (x.dim() == 2 and x.dtype is torch.float32 and x.is_cpu and x.shape[1] == in_features
+            and x.is_contiguous() and not (x.requires_grad and torch.is_grad_enabled())):
+        return x, torch.empty(x.shape[0], out_features)
     if x.dtype != torch.float32 or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
         raise TypeError(f"{kernel} takes float32 CPU inputs without autograd")
     if x.shape[-1] != in_features:
@@ -104,7 +109,7 @@ class StreamWeights:
             self.lib.matmul_f32(x2.data_ptr(), x2.shape[0], self.in_features, self.packed.data_ptr(),
                                 self.out_features, None if self.bias is None else self.bias.data_ptr(),
                                 y.data_ptr(), torch.get_num_threads())
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def dense(self) -> torch.Tensor:
         """The weight in its ``[out_features, in_features]`` layout (a new tensor)."""

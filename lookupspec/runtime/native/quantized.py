@@ -188,7 +188,7 @@ class QuantWeights:
         if x2.shape[0]:
             self.lib.matmul_quant(x2.data_ptr(), x2.shape[0], self.in_features, *self._fixed, y.data_ptr(),
                                   torch.get_num_threads())
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def dense(self) -> torch.Tensor:
         """The dequantized weight ``[out_features, in_features]`` (a new float32 tensor)."""
