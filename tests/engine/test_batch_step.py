@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 from scripted import ScriptedDrafting
+from tiny_engine import packed_model, plain_tokens
 
 from lookupspec.config import EngineConfig
 from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.params import GenerationParams, SpecParams
-from lookupspec.runtime import pack_linears, packing_available
+from lookupspec.runtime import packing_available
 from lookupspec.sampling import SamplingParams
 from lookupspec.tiny import TINY_MODELS
 
@@ -35,19 +36,11 @@ def _requests():
     return out
 
 
-def _model(tiny_models, name):
-    from lookupspec.models import load_model
-
-    model = load_model(str(tiny_models[name])).model
-    if packing_available():
-        pack_linears(model)
-    return model
+_model = packed_model
 
 
 def _plain(model, requests):
-    eng = Engine(model, lookup=ScriptedDrafting([], "none", 512))
-    return {tuple(p): [t for s in eng.generate(p, params, spec=SpecParams(enabled=False)) for t in s.tokens]
-            for p, params in requests}
+    return plain_tokens(Engine(model, lookup=ScriptedDrafting([], "none", 512)), requests)
 
 
 def _batched(engine, requests, spec, *, chunk=None, stagger=0, shared=False):

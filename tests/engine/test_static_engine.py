@@ -17,12 +17,13 @@ import logging
 import pytest
 import torch
 from scripted import ScriptedDrafting
+from tiny_engine import packed_model, plain_tokens
 
 from lookupspec.config import EngineConfig
 from lookupspec.cost import BudgetPolicy
 from lookupspec.engine import Engine
 from lookupspec.params import GenerationParams, SpecParams
-from lookupspec.runtime import ModelRunner, RaggedBatch, SeqRows, pack_linears, packing_available
+from lookupspec.runtime import ModelRunner, RaggedBatch, SeqRows
 from lookupspec.runtime.static import BucketConfig, StepPlan
 
 FIXED = BudgetPolicy(adaptive=False)  # verify every proposed node, so every path is exercised
@@ -51,22 +52,14 @@ def _requests():
     return out
 
 
-def _model(tiny_models, name):
-    from lookupspec.models import load_model
-
-    model = load_model(str(tiny_models[name])).model
-    if packing_available():
-        pack_linears(model)
-    return model
+_model = packed_model
 
 
 def _plain(model, requests):
     """Each request's tokens on the default path (``auto`` on the CPU), batch of one, no speculation."""
     engine = Engine(model, lookup=ScriptedDrafting([], "none", 512))
     assert engine.runner.static is None
-    off = SpecParams(enabled=False)
-    return {tuple(p): [t for s in engine.generate(p, params, spec=off) for t in s.tokens]
-            for p, params in requests}
+    return plain_tokens(engine, requests)
 
 
 def _batched(engine, requests, spec, *, chunk):
