@@ -73,6 +73,15 @@ weights_nibble(const int *p, int t, int off, vec At, vec B, int minmode) {
     return minmode ? v_fma(At, q, B) : v_mul(At, q);
 }
 
+#if LS_ISA == 512
+/* weights_nibble on 16 words already in a register */
+static inline __attribute__((always_inline)) vec
+weights_word(__m512i words, int t, int off, vec At, vec B, int minmode) {
+    vec q = v_nibble_word(words, t, off);
+    return minmode ? v_fma(At, q, B) : v_mul(At, q);
+}
+#endif
+
 /* Values [kb, ke) of group g of the planes (16 rows) dequantized into out [ke - kb][16], 32 values (one chunk of the 4-bit
    plane: byte i gives values i and 16 + i) at a time; ss is 32 or 16, so a chunk holds one or two
    sub-blocks. */
@@ -186,6 +195,38 @@ nibbles(const int8_t *qc, const uint8_t *hc, int i, int h, int kind, int off) {
 #endif
 #define QREG_C 4 /* the most groups of 16 output rows a tile takes */
 
+#ifndef QPF_AHEAD
+#define QPF_AHEAD 8
+#endif
+
+/* Asks for the lines of chunk `ahead` of each of the tile's C groups (their values and block scales):
+   the planes stream from memory in C interleaved runs, which the hardware prefetcher alone follows
+   at well under the bandwidth the float kernel gets. Past a group's last chunk, the lines asked for
+   are the next tile's group in the same place (groups lie one after another in every plane). */
+static inline __attribute__((always_inline)) void
+qprefetch_chunk(const planes *P, long g0, int C, long K, long ahead, long nb, int kind, int minmode) {
+    long chunks = K / 32, qbytes = kind == 8 ? 512 : 256; /* a chunk's q bytes per group */
+    if (ahead >= chunks) ahead += (C - 1) * chunks;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) {
+        long g = g0 + c;
+        const char *q = (const char *)P->q + g * K * (kind == 8 ? 16 : 8) + ahead * qbytes;
+        for (long b = 0; b < qbytes; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
+        if (kind != 5 && kind != 6 && (ahead & 1) == 0) { /* 32-value blocks: a line holds 2 chunks' scales */
+            _mm_prefetch((const char *)(P->d + g * nb * 16) + ahead * 32, _MM_HINT_T0);
+            if (minmode) _mm_prefetch((const char *)(P->dm + g * nb * 16) + ahead * 32, _MM_HINT_T0);
+        }
+    }
+}
+
+/* At chunk cc, the chunk QPF_AHEAD on; at the first, the ones before it too (a tile's start). */
+static inline __attribute__((always_inline)) void
+qprefetch(const planes *P, long g0, int C, long K, long cc, long nb, int kind, int minmode) {
+    if (cc == 0)
+        for (long a = 0; a < QPF_AHEAD; a++) qprefetch_chunk(P, g0, C, K, a, nb, kind, minmode);
+    qprefetch_chunk(P, g0, C, K, cc + QPF_AHEAD, nb, kind, minmode);
+}
+
 /* A few rows straight from the quantized planes: R rows x C groups (16 output rows each, groups
    g0 .. g0 + C - 1), every weight dequantized in registers right before the fused multiply-adds
    that use it, k from 0 to K - 1 in order: the float kernel's chains on the same weights, with no
@@ -202,6 +243,7 @@ qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, 
         for (int c = 0; c < C; c++) acc[r][c] = v_zero();
     for (long cc = 0; cc < K / 32 && kind == 4; cc++) {
         long k0 = 32 * cc;
+        qprefetch(P, g0, C, K, cc, nb, kind, minmode);
         /* a chunk is one block or sub-block: one scale per group; the 8 nibble scales kept in
            memory, each read by its multiply-add (registers are for the accumulators) */
         float At[QREG_C][8][16] __attribute__((aligned(64)));
@@ -218,14 +260,25 @@ qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, 
             for (int t = 0; t < 8; t++) v_store(At[c][t], T[t]);
         }
         for (int j = 0; j < 4; j++) {
+#if LS_ISA == 512
+            /* the group's 16 words, loaded once for their 8 nibbles (AVX-512's registers hold them) */
+            __m512i words[QREG_C];
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++)
+                words[c] = _mm512_loadu_si512((const int *)(P->q + (g0 + c) * K * 8) + (k0 / 8 + j) * 16);
+#endif
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
                 long k = k0 + 8 * j + t;
                 vec w[QREG_C];
 #pragma GCC unroll 8
                 for (int c = 0; c < C; c++)
+#if LS_ISA == 512
+                    w[c] = weights_word(words[c], t, off, v_load(At[c][t]), B[c], minmode);
+#else
                     w[c] = weights_nibble((const int *)(P->q + (g0 + c) * K * 8) + (k / 8) * 16, t, off,
                                           v_load(At[c][t]), B[c], minmode);
+#endif
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++) {
                     vec a = v_set(x[r * ldx + k]);
@@ -238,6 +291,7 @@ qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, 
     }
     for (long cc = 0; cc < K / 32 && kind != 4; cc++) {
         long k0 = 32 * cc;
+        qprefetch(P, g0, C, K, cc, nb, kind, minmode);
 #pragma GCC unroll 1 /* (unrolled, the compiler keeps the chunk's 16 byte vectors for the second half, and spills them) */
         for (int h = 0; h < 2; h++) {
             vec A[QREG_C], B[QREG_C];
@@ -397,11 +451,17 @@ static void run_blocks_q(const float *x, long M, long K, const planes *P, int ty
         long cols = N - b * 16;
         if (cols > 16L * c) cols = 16L * c;
         for (int j = 0; j < c; j++) dequant(P, type, b + j, K, 0, K, buf + j * K * 16);
-        const char *none = (const char *)buf; /* no prefetch: an empty range */
-        for (long m0 = 0; m0 < M; m0 += step) {
+        /* while the tiles multiply the panel, they fetch the next panel's values (a share each) */
+        long qbytes = K * (type == Q8_0 ? 16 : 8), after = b1 - b - c;
+        long lines = (after < width ? after : width) * qbytes / 64;
+        long tiles = (M + step - 1) / step, share = (lines + tiles - 1) / tiles;
+        int pf_n = (int)((share + K - 1) / K);
+        const char *next = (const char *)P->q + (lines ? b + c : b) * qbytes;
+        for (long m0 = 0, t = 0; m0 < M; m0 += step, t++) {
             long r = M - m0 < step ? M - m0 : step;
-            table[r](x + m0 * K, K, buf, K, y + m0 * N + b * 16, N, bias ? bias + b * 16 : NULL, cols, none,
-                     none, 0);
+            long from = t * share < lines ? t * share : lines, to = from + share < lines ? from + share : lines;
+            table[r](x + m0 * K, K, buf, K, y + m0 * N + b * 16, N, bias ? bias + b * 16 : NULL, cols,
+                     next + from * 64, next + to * 64, pf_n);
         }
         b += c;
     }

@@ -39,12 +39,12 @@ static inline vec v_load_i8(const void *p) { return v_from_i8(_mm_loadu_si128((c
 static inline vec v_from_f16(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 /* Nibble t (0..7) of 16 words at p, minus off, as floats (exact): times 16^t for t < 7 (masked in
    place, no shift), times 1 for t = 7 (shifted down: in place it would reach the sign bit). */
-static inline vec v_nibble(const int *p, int t, int off) {
-    __m512i w = _mm512_loadu_si512(p);
+static inline vec v_nibble_word(__m512i w, int t, int off) {
     __m512i m = t < 7 ? _mm512_and_si512(w, _mm512_set1_epi32(0xF << (4 * t))) : _mm512_srli_epi32(w, 28);
     if (off) m = _mm512_sub_epi32(m, _mm512_set1_epi32(t < 7 ? off << (4 * t) : off));
     return _mm512_cvtepi32_ps(m);
 }
+static inline vec v_nibble(const int *p, int t, int off) { return v_nibble_word(_mm512_loadu_si512(p), t, off); }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define LS_ISA 256
 typedef struct { __m256 lo, hi; } vec;
