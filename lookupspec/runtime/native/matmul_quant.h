@@ -381,10 +381,11 @@ static const qreg_fn (*const QREG_TABLES[8])[QREG_R + 1] = {QREG_Q8_0, QREG_Q4_0
 /* Groups per in-register tile by row count. A row's chains are as many as its tile's vectors, and
    the fused multiply-adds' latency needs about eight in flight: AVX2 (two registers per group) takes
    2 groups for one row, 1 from two rows on (more spill: measured on SmolLM2's shapes, 2 cores);
-   AVX-512's 32 registers take 4 groups up to 4 rows (2-4 rows 5-7% faster than with 2 groups) and 1
-   from 5 on (5-8 rows 5-10% faster than with 2; Zen 4, 2 threads). */
+   AVX-512's 32 registers take 4 groups up to 4 rows (2-4 rows 5-7% faster than with 2 groups), 2 for
+   5-6 rows (with the planes prefetched, 5 rows 12% faster than with 1) and 1 for 7-8 (2% faster
+   than with 2; Zen 4, 2 threads). */
 #if LS_ISA == 512
-static const int QREG_WIDTH[QREG_R + 1] = {0, 4, 4, 4, 4, 1, 1, 1, 1};
+static const int QREG_WIDTH[QREG_R + 1] = {0, 4, 4, 4, 4, 2, 2, 1, 1};
 #else
 static const int QREG_WIDTH[QREG_R + 1] = {0, 2, 1, 1, 1, 1, 1};
 #endif
