@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+from torch_threads import torch_threads
 
 from lookupspec.sampling import (
     STREAM_ACCEPT,
@@ -37,11 +38,8 @@ GREEDY = SamplingParams()
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    # Tiny tensors: intra-op threads only add synchronisation (tens of ms per op on a busy 2-core box).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def rows(argmaxes: list[int], vocab: int = 10) -> torch.Tensor:

@@ -18,6 +18,7 @@ import pytest
 import torch
 from scripted import ScriptedDrafting
 from tiny_engine import packed_model, plain_tokens
+from torch_threads import torch_threads
 
 from lookupspec.config import EngineConfig
 from lookupspec.cost import BudgetPolicy
@@ -34,11 +35,8 @@ SERVED = ("tiny-llama", "tiny-qwen2", "tiny-mistral")
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    """Tiny shapes: intra-op threads only add synchronisation (and the machine's cores are shared)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def _requests():

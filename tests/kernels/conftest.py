@@ -11,6 +11,7 @@ import os
 
 import pytest
 import torch
+from torch_threads import torch_threads
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -18,11 +19,8 @@ if not torch.cuda.is_available():
 
 @pytest.fixture(autouse=True, scope="package")
 def _one_thread():
-    # Small tensors: intra-op threads only add synchronisation (tens of ms per op on a busy 2-core box).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")

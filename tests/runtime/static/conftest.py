@@ -4,12 +4,10 @@ tensors this small, and the machine's cores are shared)."""
 from __future__ import annotations
 
 import pytest
-import torch
+from torch_threads import torch_threads
 
 
 @pytest.fixture(autouse=True, scope="package")
 def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
