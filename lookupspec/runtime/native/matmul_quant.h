@@ -390,10 +390,19 @@ static const int QREG_WIDTH[QREG_R + 1] = {0, 4, 4, 4, 4, 2, 2, 1, 1};
 static const int QREG_WIDTH[QREG_R + 1] = {0, 2, 1, 1, 1, 1, 1};
 #endif
 
-/* Up to 8 rows go through the in-register tiles; from 9 the buffer, whose one dequantization serves
-   all the rows, is cheaper (SmolLM2's shapes, AVX2, one thread: 8 rows 4.3 against 4.5 ns per 16
-   weights; 12 rows 6.1 against 5.3). */
+/* Up to QREG_M rows go through the in-register tiles (in row tiles of up to QREG_R, each of which
+   dequantizes the weights again); past it the panel, whose one dequantization serves all the rows,
+   is cheaper. SmolLM2's products, 2 threads, Zen 5, with the planes prefetched: AVX-512 in registers
+   9 rows 7.4 against 9.1 ms in the panel, 16 rows 11.6 against 13.0, 24 rows 16.8 against 17.4, 32
+   rows 22.6 against 22.0; AVX2 (the same machine, -march=haswell) 9 rows 13.3 against 14.5, 10 rows
+   14.6 against 14.1, 12 rows 18.8 against 16.1. */
+#ifndef QREG_M
+#if LS_ISA == 512
+#define QREG_M 24
+#else
 #define QREG_M 8
+#endif
+#endif
 
 /* Rows [0, M) x groups [b0, b1) in registers, in row tiles of at most QREG_R rows, as even as can be
    (AVX2, 8 rows: two tiles of 4). */
