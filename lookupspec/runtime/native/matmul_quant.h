@@ -185,11 +185,12 @@ nibbles(const int8_t *qc, const uint8_t *hc, int i, int h, int kind, int off) {
     return v;
 }
 
-/* The most rows an in-register tile takes: 8 on AVX-512 (one tile dequantizes each weight once for
-   all of a batch's 8 decode rows: 8 rows 16.4 -> 14.2 ms against two tiles of 4, Zen 4, 2 threads),
-   6 on AVX2, whose 16 registers hold no more. */
+/* The most rows an in-register tile takes: 10 on AVX-512 (one tile dequantizes each weight once for
+   all its rows; SmolLM2's products, 2 threads, Zen 5: 9 rows 8.1 -> 6.9 ms and 10 rows 8.8 -> 7.9
+   against two tiles, 18 rows 14.0 -> 13.0 in two tiles against three; tiles of 12-16 rows gained
+   nothing and of 24 lost 6%), 6 on AVX2, whose 16 registers hold no more. */
 #if LS_ISA == 512
-#define QREG_R 8
+#define QREG_R 10
 #else
 #define QREG_R 6
 #endif
@@ -237,7 +238,7 @@ qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, 
           long cols, const int R, const int C, int bs, int ss, int kind, int off, int has_sc, int minmode) {
     long nb = K / bs, ns = K / ss;
     vec acc[QREG_R][QREG_C]; /* fixed sizes, constant indices once inlined: all in registers */
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[r][c] = v_zero();
@@ -279,7 +280,7 @@ qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, 
                     w[c] = weights_nibble((const int *)(P->q + (g0 + c) * K * 8) + (k / 8) * 16, t, off,
                                           v_load(At[c][t]), B[c], minmode);
 #endif
-#pragma GCC unroll 8
+#pragma GCC unroll 16
                 for (int r = 0; r < R; r++) {
                     vec a = v_set(x[r * ldx + k]);
 #pragma GCC unroll 8
@@ -318,7 +319,7 @@ qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, 
                                               i, h, kind, off));
                     w[c] = weights16(q, A[c], B[c], minmode);
                 }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
                 for (int r = 0; r < R; r++) {
                     vec a = v_set(x[r * ldx + k]);
 #pragma GCC unroll 8
@@ -333,7 +334,7 @@ qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, 
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++) {
         long left = cols - c * 16;
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int r = 0; r < R; r++)
             if (left > 0) put(y + r * ldy + c * 16, acc[r][c], bias ? bias + c * 16 : NULL, left);
     }
@@ -353,13 +354,14 @@ typedef void (*qreg_fn)(const float *, long, const planes *, long, long, float *
 #define QREG_LIST(T, C) {0, qreg_##T##_1_##C, qreg_##T##_2_##C, qreg_##T##_3_##C, qreg_##T##_4_##C,   \
                          qreg_##T##_5_##C, qreg_##T##_6_##C}
 #if LS_ISA == 512
-/* 7 and 8 rows take one group (QREG_WIDTH): only those are generated */
-#define QREG_LIST8(T) {0, qreg_##T##_1_1, qreg_##T##_2_1, qreg_##T##_3_1, qreg_##T##_4_1, qreg_##T##_5_1,      \
-                       qreg_##T##_6_1, qreg_##T##_7_1, qreg_##T##_8_1}
+/* 7 to 10 rows take one group (QREG_WIDTH): only those are generated */
+#define QREG_LIST10(T) {0, qreg_##T##_1_1, qreg_##T##_2_1, qreg_##T##_3_1, qreg_##T##_4_1, qreg_##T##_5_1,     \
+                        qreg_##T##_6_1, qreg_##T##_7_1, qreg_##T##_8_1, qreg_##T##_9_1, qreg_##T##_10_1}
 #define QREG_TYPE(T, ...)                                                                            \
     QREG_ROWS(T, 1, __VA_ARGS__) QREG_ROWS(T, 2, __VA_ARGS__) QREG_ROWS(T, 4, __VA_ARGS__)             \
-    QREG(T, 7, 1, __VA_ARGS__) QREG(T, 8, 1, __VA_ARGS__)                                               \
-    static const qreg_fn QREG_##T[5][QREG_R + 1] = {{0}, QREG_LIST8(T), QREG_LIST(T, 2), {0}, QREG_LIST(T, 4)};
+    QREG(T, 7, 1, __VA_ARGS__) QREG(T, 8, 1, __VA_ARGS__) QREG(T, 9, 1, __VA_ARGS__)                   \
+    QREG(T, 10, 1, __VA_ARGS__)                                                                       \
+    static const qreg_fn QREG_##T[5][QREG_R + 1] = {{0}, QREG_LIST10(T), QREG_LIST(T, 2), {0}, QREG_LIST(T, 4)};
 #else /* AVX2 never takes 4 groups (QREG_WIDTH): not generated, a third less to compile */
 #define QREG_TYPE(T, ...)                                                                            \
     QREG_ROWS(T, 1, __VA_ARGS__) QREG_ROWS(T, 2, __VA_ARGS__)                                         \
@@ -382,10 +384,10 @@ static const qreg_fn (*const QREG_TABLES[8])[QREG_R + 1] = {QREG_Q8_0, QREG_Q4_0
    the fused multiply-adds' latency needs about eight in flight: AVX2 (two registers per group) takes
    2 groups for one row, 1 from two rows on (more spill: measured on SmolLM2's shapes, 2 cores);
    AVX-512's 32 registers take 4 groups up to 4 rows (2-4 rows 5-7% faster than with 2 groups), 2 for
-   5-6 rows (with the planes prefetched, 5 rows 12% faster than with 1) and 1 for 7-8 (2% faster
-   than with 2; Zen 4, 2 threads). */
+   5-6 rows (with the planes prefetched, 5 rows 12% faster than with 1) and 1 from 7 on (7-8 rows
+   2% faster than with 2; Zen 4, 2 threads). */
 #if LS_ISA == 512
-static const int QREG_WIDTH[QREG_R + 1] = {0, 4, 4, 4, 4, 2, 2, 1, 1};
+static const int QREG_WIDTH[QREG_R + 1] = {0, 4, 4, 4, 4, 2, 2, 1, 1, 1, 1};
 #else
 static const int QREG_WIDTH[QREG_R + 1] = {0, 2, 1, 1, 1, 1, 1};
 #endif
