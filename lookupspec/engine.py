@@ -48,7 +48,7 @@ import torch
 
 from lookupspec import kernels
 from lookupspec.config import EngineConfig
-from lookupspec.cost import BudgetPolicy, Costs
+from lookupspec.cost import BucketCosts, BudgetPolicy, Costs
 from lookupspec.drafting.base import DraftSessions
 from lookupspec.drafting.policy import Draft, DraftPolicy
 from lookupspec.logits import LogitsProcessor, token_logprobs
@@ -126,6 +126,9 @@ class Engine:
             lookup = LookupDrafting()
         self.lookup = lookup
         self.costs = Costs()  # measured: the drafting policy and the scheduler price with it
+        choose = self.runner.bucket_choice()
+        if choose is not None:  # the static step runs buckets whole: the budget fills them
+            self.costs.buckets = BucketCosts(choose)
         self.drafting = DraftPolicy(policy, self.costs)
         self.aggregate = AggregateStats()
         self.prefix_block_size = self._prefix_block_size(config.prefix_block_size)
@@ -518,6 +521,9 @@ class Engine:
                 steps.observe_chunk(sum(end - start for _, _, start, end in chunks), seconds - decode_s)
         elif order:  # only a step's own forward says what steps cost
             self.costs.steps.observe(step_rows, contexts, seconds)
+            bucket = self.runner.bucket_of(batch)
+            if bucket is not None and self.costs.buckets is not None:
+                self.costs.buckets.observe(bucket, seconds)
         for j, i in enumerate(order):
             outputs[i] = self._advance(seqs[i], drafts[i], results[j], decode_s, raws.get(i))
         return seconds, decode_s, [logits[n_step + k] for k in range(len(chunks))]

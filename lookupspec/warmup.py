@@ -164,6 +164,11 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
                     for slot in slots[:b]:
                         engine.runner.pool.truncate(slot, context)
                 engine.costs.steps.observe([r] * len(rows), [context] * len(rows), min(times[1:]))
+                choose = engine.runner.bucket_choice()
+                if choose is not None and engine.costs.buckets is not None:
+                    bucket = choose(b * r, b)
+                    if bucket is not None:
+                        engine.costs.buckets.observe(bucket, min(times[1:]))
     finally:
         for slot in slots:
             engine.runner.free(slot)

@@ -27,6 +27,7 @@ machine, a large batch, or a draft model too slow for its acceptance rate.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,21 +135,40 @@ class BudgetPolicy:
 
 
 def allocate(lists: list[np.ndarray], costs: list[float], base: float, b: int,
-             max_rows: int | None) -> list[int]:
+             max_rows: int | None,
+             bucket: Callable[[int], tuple[int, float | None] | None] | None = None) -> list[int]:
     """How many of each sequence's nodes a step of ``b`` sequences keeps: ``lists[i]`` [m_i] the
     descending scores of sequence i's nodes, ``costs[i]`` the seconds one of its nodes adds, ``base``
     the seconds of the step with no drafts, ``max_rows`` the most rows the step may have (None: no
-    limit). The prefix, in order of score / cost, that maximizes (b + kept scores) / (base + kept
-    costs)."""
+    limit). The prefix, in order of score / cost, that maximizes (b + kept scores) / (step seconds).
+
+    Step seconds are ``base`` + the kept nodes' costs, unless ``bucket`` says the step runs in fixed
+    shapes (:mod:`lookupspec.cost.buckets`): ``bucket(rows)`` is the rows of the bucket a step of
+    ``rows`` rows runs in and its measured seconds (None: unmeasured, priced by the linear model at
+    the bucket's full size), or None where no bucket holds it. A bucket then costs the same full or
+    not, so the best prefix fills its free rows with the next-best nodes."""
     items = [(float(s) / c if c > 0 else float("inf"), float(s), c, i)
              for i, (sc, c) in enumerate(zip(lists, costs, strict=True)) for s in np.clip(sc, 0.0, 1.0)]
     items.sort(key=lambda it: -it[0])  # stable: each sequence's nodes stay in score order
     limit = len(items) if max_rows is None else max(0, min(len(items), max_rows - b))
-    gain, time_s = float(b), base
+    cum = np.concatenate(([0.0], np.cumsum([it[2] for it in items])))
+    mean = float(cum[-1]) / len(items) if items else 0.0
+
+    def linear(n: int) -> float:  # seconds of a step of n nodes, the costliest priced beyond the list
+        return base + float(cum[min(n, len(items))]) + max(0, n - len(items)) * mean
+
+    def seconds(k: int) -> float:
+        found = bucket(b + k) if bucket is not None else None
+        if found is None:
+            return linear(k)
+        rows, measured = found
+        return measured if measured is not None else linear(max(k, rows - b))
+
+    gain, time_s = float(b), seconds(0)
     best_rate, best_k = (gain / time_s if time_s > 0 else 0.0), 0
-    for k, (_, s, c, _) in enumerate(items[:limit], 1):
+    for k, (_, s, _, _) in enumerate(items[:limit], 1):
         gain += s
-        time_s += c
+        time_s = seconds(k)
         if time_s > 0 and gain / time_s > best_rate:
             best_rate, best_k = gain / time_s, k
     keep = [0] * len(lists)

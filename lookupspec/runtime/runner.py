@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -224,6 +224,19 @@ class ModelRunner:
         for v in batch.views:
             self.pool.advance(v.slot, v.rows)
         return logits if keep is not None else logits[: batch.real_rows]
+
+    def bucket_choice(self) -> Callable[[int, int], Any] | None:
+        """Where the static step serves: ``choose(rows, seqs)``, the bucket a step of that shape runs
+        in (None where none holds it); None on the ragged path."""
+        return None if self.static is None else self.static.step.buckets.choose
+
+    @staticmethod
+    def bucket_of(batch: RaggedBatch | StepPlan) -> Any:
+        """The bucket a planned forward ran in: None on the ragged path, or where no configured
+        bucket held it (it ran eagerly at its own size)."""
+        if isinstance(batch, RaggedBatch) or batch.fallback is not None:
+            return None
+        return batch.bucket
 
     def _hf(self, batch: RaggedBatch, keep: torch.Tensor | None = None) -> torch.Tensor:
         with active_batch(batch):

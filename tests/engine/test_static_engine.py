@@ -188,3 +188,36 @@ def test_the_static_runner_plans_a_static_step_and_warms_up(tiny_models) -> None
     plan = runner.plan([SeqRows(slot, [3, 4, 5])])
     assert isinstance(plan, StepPlan) and plan.bucket.rows == 4
     assert runner.run(plan).shape == (3, runner.vocab_size) and runner.length(slot) == 3
+
+
+def test_the_budget_prices_buckets_where_the_static_step_serves(tiny_models) -> None:
+    """Warm-up and every step price the buckets they ran in; the adaptive budget (filling buckets)
+    keeps plain decoding's tokens; the ragged path has no bucket prices."""
+    model = _model(tiny_models, "tiny-llama")
+    requests = _requests()[:2]
+    plain = _plain(model, requests)
+    assert Engine(model, lookup=ScriptedDrafting(plain, "tree", 512)).costs.buckets is None
+    engine = Engine(model, EngineConfig(cuda_graphs="on", max_batch=2),
+                    lookup=ScriptedDrafting(plain, "tree", 512))
+    buckets = engine.costs.buckets
+    assert buckets is not None and buckets.known() == 0
+    engine.warmup(sizes=(1, 2, 4, 8, 16), batches=(1, 2), context=16)
+    seen = buckets.known()
+    assert seen >= 5 and buckets.lookup(9, 1)[1] is not None  # the 16-row bucket of one sequence
+    ran = []
+    plan = engine.runner.plan
+
+    def record(seqs, stage=None):
+        planned = plan(seqs, stage)
+        ran.append((sum(len(s.tokens) for s in seqs), engine.runner.bucket_of(planned)))
+        return planned
+
+    engine.runner.plan = record
+    before = {b: buckets.seconds(b) for b in BucketConfig().all()}
+    spec = SpecParams(max_draft_tokens=12)
+    got = {tuple(p): [t for s in engine.generate(p, params, spec=spec) for t in s.tokens]
+           for p, params in requests}
+    assert got == plain
+    steps = {b for rows, b in ran if b is not None and 1 < rows <= 13}  # decode steps with drafts
+    assert steps  # drafts were verified in buckets ...
+    assert any(buckets.seconds(b) != before[b] for b in steps)  # ... whose prices the steps updated
