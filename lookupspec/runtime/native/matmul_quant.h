@@ -213,7 +213,7 @@ qprefetch_chunk(const planes *P, long g0, int C, long K, long ahead, long nb, in
         long g = g0 + c;
         const char *q = (const char *)P->q + g * K * (kind == 8 ? 16 : 8) + ahead * qbytes;
         for (long b = 0; b < qbytes; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
-        if (kind != 5 && kind != 6 && (ahead & 1) == 0) { /* 32-value blocks: a line holds 2 chunks' scales */
+        if (nb == chunks && (ahead & 1) == 0) { /* 32-value blocks: a line holds 2 chunks' scales */
             _mm_prefetch((const char *)(P->d + g * nb * 16) + ahead * 32, _MM_HINT_T0);
             if (minmode) _mm_prefetch((const char *)(P->dm + g * nb * 16) + ahead * 32, _MM_HINT_T0);
         }
