@@ -134,7 +134,9 @@ class DraftPolicy:
         if known and adaptive:
             lists = [np.asarray(self.gate.path_scores(k)) if k else scores[i] for i, k in enumerate(chains)]
             node_costs = [costs[i] + (per_token if chains[i] else 0.0) for i in range(b)]
-            buckets = self.costs.buckets
+            # a static step runs in a bucket, priced whole; not where prompt chunks share the forward
+            # (their rows choose the bucket, and a node there costs a chunk token)
+            buckets = None if shared else self.costs.buckets
             keep = allocate(lists, node_costs, base, b, max_rows,
                             None if buckets is None else buckets.lookup_rows(b))
         else:  # no cost measured yet, or a fixed budget: verify what was proposed
