@@ -5,7 +5,8 @@
 #   1. the versions (GPU, driver, torch, triton, transformers);
 #   2. the CUDA tests of the kernels and the static step (pytest -m "not slow");
 #   3. scripts/gpu_check.py: step figures beside the HBM floor for the SmolLM2-135M, Llama-3.2-1B and
-#      Llama-3.1-8B shapes (random bfloat16 weights built on the GPU), graph-vs-eager exactness.
+#      Llama-3.1-8B shapes (random bfloat16 weights built on the GPU), the engine's decode rate at 1
+#      and 8 sequences and its bucket fill, graph-vs-eager exactness.
 # Writes $OUT/gpu-tests.log and $OUT/gpu-check.json ($OUT defaults to out/).
 #
 # Usage: scripts/gpu-check.sh [--skip-tests] [--dry-run] [gpu_check.py options, e.g. --models smollm2-135m]

@@ -15,6 +15,11 @@ paths: ``todays_eager`` (``ModelRunner.forward``, transformers' forward with the
 device idle before each; beside it the HBM floor: the model's weight bytes over the GPU's bandwidth
 (a table by GPU name, else a measured device-to-device copy).
 
+The engine (``--engine-model``, SmolLM2's shape by default), as ``serve`` runs it (graphs where they
+serve): decode tokens/s of one and of eight sequences stepped together with speculation off (issue
+50's serving target: eight at least 6x one), and with speculation on, the rows a step verifies
+against its bucket's rows (how the draft budget fills buckets).
+
 Exactness (``--exact-model``, random weights of initializer range 0.25 so that greedy tokens are
 rarely near ties): four sequences, prompts prefilled, then steps of decode rows and draft trees, the
 next tokens forced to the reference's, through three separate pools in float32 and in bfloat16:
@@ -224,6 +229,78 @@ def measure_model(name: str, args: argparse.Namespace, device: torch.device, bw:
     return out
 
 
+def engine_figures(name: str, args: argparse.Namespace, device: torch.device,
+                   log: Callable[[str], None]) -> dict[str, Any]:
+    """The engine over the model (the static step and its graphs where they serve, as ``serve`` runs
+    it): decode tokens/s of 1 and of 8 sequences stepped together, speculation off (issue 50's serving
+    target: 8 at least 6x 1), and with speculation on, how the draft budget fills the buckets (rows
+    per step against their bucket's rows). Prompts of ``--engine-prompt`` tokens, a random span
+    repeated so that lookups find drafts; ``--engine-tokens`` new tokens each, timed over the decode
+    steps (the prefill, untimed, gives each sequence its first)."""
+    from lookupspec.config import EngineConfig
+    from lookupspec.engine import Engine
+    from lookupspec.params import GenerationParams, SpecParams
+
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    model = build_model(name, device, dtype, tiny=args.dry_run)
+    vocab = int(model.config.vocab_size)
+    # the dry run turns the static step on to run it eagerly (the CPU has no graphs): what CI can check
+    window = args.engine_prompt + args.engine_tokens + 64
+    engine = Engine(model, EngineConfig(max_batch=8, context_window=window,
+                                        cuda_graphs="on" if args.dry_run else "auto"))
+    engine.warmup(context=min(args.engine_prompt, 256))
+    out: dict[str, Any] = {"static_step": engine.runner.static is not None,
+                           "graphs": bool(engine.runner.static is not None and engine.runner.static.graphs),
+                           "prompt_tokens": args.engine_prompt, "new_tokens": args.engine_tokens}
+    ran: list[tuple[int, Any]] = []
+    plan = engine.runner.plan
+
+    def record(seqs: Any, stage: Any = None) -> Any:
+        planned = plan(seqs, stage)
+        ran.append((sum(len(s.tokens) for s in seqs), engine.runner.bucket_of(planned)))
+        return planned
+
+    engine.runner.plan = record  # type: ignore[method-assign]
+
+    def decode(b: int, spec: SpecParams) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(b)
+        prompts = []
+        for _ in range(b):
+            span = torch.randint(3, vocab, (32,), generator=gen).tolist()
+            prompts.append((span * (args.engine_prompt // 32 + 1))[: args.engine_prompt])
+        params = GenerationParams(max_tokens=args.engine_tokens, ignore_eos=True)
+        seqs = [engine.start(p, params, spec) for p in prompts]
+        for s in seqs:
+            engine.prefill(s)
+        del ran[:]
+        sync(device)
+        t0 = time.perf_counter()
+        tokens, steps, live = 0, 0, list(seqs)
+        while live:
+            tokens += sum(len(o.tokens) for o in engine.step(live))
+            steps += 1
+            live = [s for s in live if s.finish_reason is None]
+        sync(device)
+        seconds = time.perf_counter() - t0
+        for s in seqs:
+            engine.release(s)
+        fill = [(rows, b_.rows) for rows, b_ in ran if b_ is not None]
+        return {"tokens_per_s": tokens / seconds, "tokens": tokens, "steps": steps,
+                "rows_per_step": sum(r for r, _ in fill) / len(fill) if fill else None,
+                "bucket_rows_per_step": sum(br for _, br in fill) / len(fill) if fill else None,
+                "full_buckets": sum(r == br for r, br in fill) / len(fill) if fill else None}
+
+    off, on = SpecParams(enabled=False), SpecParams()
+    out["plain_1seq"], out["plain_8seq"] = decode(1, off), decode(8, off)
+    out["spec_1seq"], out["spec_8seq"] = decode(1, on), decode(8, on)
+    one, eight = out["plain_1seq"]["tokens_per_s"], out["plain_8seq"]["tokens_per_s"]
+    out["serving_8_over_1"] = eight / one
+    out["serving_met"] = eight >= 6 * one
+    log(f"engine {name}: plain {one:.1f} / {eight:.1f} tok/s at 1 / 8 sequences ({eight / one:.2f}x); "
+        f"speculation {out['spec_1seq']['tokens_per_s']:.1f} / {out['spec_8seq']['tokens_per_s']:.1f}")
+    return out  # (the caller frees the model's memory)
+
+
 def _ms(figure: dict[str, Any]) -> str:
     if "median_ms" in figure:
         return f"{figure['median_ms']:.3f} ms"
@@ -306,6 +383,21 @@ def summary(result: dict[str, Any]) -> list[str]:
         t = m["targets"]
         lines.append(f"  targets (graph path): decode <= {t['decode_ms_limit']:.2f} ms: {t['decode_met']}; "
                      f"tree16 <= 1.15x decode: {t['tree16_met']}; 8x8 <= 1.5x decode: {t['batch8x8_met']}")
+    e = result.get("engine")
+    if e is not None and "error" in e:
+        lines.append(f"engine: ERROR {e['error']}")
+    elif e is not None:
+        p1, p8 = e["plain_1seq"], e["plain_8seq"]
+        lines.append(f"engine (static step {e['static_step']}, graphs {e['graphs']}): plain "
+                     f"{p1['tokens_per_s']:.1f} / {p8['tokens_per_s']:.1f} tok/s at 1 / 8 sequences, "
+                     f"{e['serving_8_over_1']:.2f}x (target >= 6x: {e['serving_met']})")
+        for key in ("spec_1seq", "spec_8seq"):
+            f = e[key]
+            fill = ("" if f["rows_per_step"] is None else
+                    f", {f['rows_per_step']:.1f} rows a step in buckets of {f['bucket_rows_per_step']:.1f}, "
+                    f"{100 * f['full_buckets']:.0f}% of steps filling theirs")
+            per_step = f["tokens"] / f["steps"]
+            lines.append(f"  {key}: {f['tokens_per_s']:.1f} tok/s, {per_step:.2f} tokens a step{fill}")
     for dtype, e in result.get("exactness", {}).items():
         if "rows" not in e:
             lines.append(f"exactness {dtype}: {e}")
@@ -330,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exact-model", default="smollm2-135m",
                         help="the exactness checks' model shape ('' skips them)")
     parser.add_argument("--exact-steps", type=int, default=6)
+    parser.add_argument("--engine-model", default="smollm2-135m",
+                        help="the engine figures' model shape ('' skips them)")
+    parser.add_argument("--engine-prompt", type=int, default=None, help="prompt tokens (1000; 64 dry)")
+    parser.add_argument("--engine-tokens", type=int, default=None, help="new tokens a sequence (64; 8 dry)")
     parser.add_argument("--out", type=Path, default=Path("out") / "gpu-check.json")
     args = parser.parse_args(argv)
     dry = args.dry_run
@@ -337,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     args.context = args.context or (48 if dry else 1000)
     args.iters = args.iters or (2 if dry else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if dry else 5)
+    args.engine_prompt = args.engine_prompt or (64 if dry else 1000)
+    args.engine_tokens = args.engine_tokens or (8 if dry else 64)
     if dry:
         args.exact_steps = min(args.exact_steps, 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -359,6 +457,15 @@ def main(argv: list[str] | None = None) -> int:
             result["models"][name] = {"error": f"{type(exc).__name__}: {exc}"}
             log(f"{name}: {result['models'][name]['error']}")
         save()
+    if args.engine_model:
+        try:
+            result["engine"] = engine_figures(args.engine_model, args, device, log)
+        except Exception as exc:  # reported in the JSON; the exactness checks still run
+            result["engine"] = {"error": f"{type(exc).__name__}: {exc}"}
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        save()
     if args.exact_model:
         result["exactness"] = {}
         for dtype in (torch.float32, torch.bfloat16):
@@ -372,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}")
     failed = [n for n, m in result["models"].items() if "error" in m]
     failed += [k for k, e in result.get("exactness", {}).items() if "error" in e]
+    failed += ["engine"] if "error" in result.get("engine", {}) else []
     return 1 if failed else 0
 
 

@@ -39,6 +39,17 @@ def _check(result: dict, models: list[str]) -> None:
     for e in result.get("exactness", {}).values():
         assert e["graph_vs_eager"]["identical_rows"] == e["rows"] > 0
         assert e["static_vs_todays"]["other_differences"] == 0
+    engine = result.get("engine")
+    if engine is not None:  # the dry run runs the static step eagerly, the bucket budget with it
+        assert "error" not in engine, engine
+        assert engine["static_step"] and not engine["graphs"]
+        for key, seqs in (("plain_1seq", 1), ("plain_8seq", 8), ("spec_1seq", 1), ("spec_8seq", 8)):
+            f = engine[key]
+            # the decode steps' tokens: the prefill gives each sequence its first
+            assert f["tokens"] == seqs * (engine["new_tokens"] - 1) and f["tokens_per_s"] > 0
+            assert f["rows_per_step"] is not None and f["rows_per_step"] <= f["bucket_rows_per_step"]
+        assert engine["plain_1seq"]["steps"] == engine["new_tokens"] - 1
+        assert engine["spec_8seq"]["rows_per_step"] > 8  # drafts were verified in the steps
 
 
 def test_the_dry_run_writes_every_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,6 +60,7 @@ def test_the_dry_run_writes_every_section(tmp_path: Path, capsys: pytest.Capture
     _check(json.loads(out.read_text()), ["smollm2-135m"])
     printed = capsys.readouterr().out
     assert "HBM floor" in printed and "exactness float32" in printed and "exactness bfloat16" in printed
+    assert "engine (static step True" in printed
 
 
 def test_the_shipped_configs_are_the_real_shapes() -> None:
