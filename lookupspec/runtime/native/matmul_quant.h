@@ -69,18 +69,8 @@ static inline __attribute__((always_inline)) void nibble_scales(vec A, vec At[8]
 /* The weight of nibble t of the 16 words at p (kind 4), At = nibble_scales of A. */
 static inline __attribute__((always_inline)) vec
 weights_nibble(const int *p, int t, int off, vec At, vec B, int minmode) {
-    vec q = v_nibble(p, t, off);
-    return minmode ? v_fma(At, q, B) : v_mul(At, q);
+    return weights16(v_nibble(p, t, off), At, B, minmode);
 }
-
-#if LS_ISA == 512
-/* weights_nibble on 16 words already in a register */
-static inline __attribute__((always_inline)) vec
-weights_word(__m512i words, int t, int off, vec At, vec B, int minmode) {
-    vec q = v_nibble_word(words, t, off);
-    return minmode ? v_fma(At, q, B) : v_mul(At, q);
-}
-#endif
 
 /* Values [kb, ke) of group g of the planes (16 rows) dequantized into out [ke - kb][16], 32 values (one chunk of the 4-bit
    plane: byte i gives values i and 16 + i) at a time; ss is 32 or 16, so a chunk holds one or two
@@ -275,7 +265,7 @@ qreg_tile(const float *x, long ldx, const planes *P, long g0, long K, float *y, 
 #pragma GCC unroll 8
                 for (int c = 0; c < C; c++)
 #if LS_ISA == 512
-                    w[c] = weights_word(words[c], t, off, v_load(At[c][t]), B[c], minmode);
+                    w[c] = weights16(v_nibble_word(words[c], t, off), v_load(At[c][t]), B[c], minmode);
 #else
                     w[c] = weights_nibble((const int *)(P->q + (g0 + c) * K * 8) + (k / 8) * 16, t, off,
                                           v_load(At[c][t]), B[c], minmode);
