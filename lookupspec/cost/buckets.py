@@ -4,8 +4,8 @@ Where the static step serves (:mod:`lookupspec.runtime.static`: CUDA graphs), a 
 into the smallest bucket that holds them and the bucket runs whole, padding included, so a step
 costs what its bucket costs, not what its rows would: a 17-row step and a 32-row step both replay the
 32-row graph. :class:`BucketCosts` keeps that price per bucket, measured (an exponential average of
-the steps that ran in it, with outliers capped as in :mod:`lookupspec.cost.step`), and hands the
-draft budget (:func:`lookupspec.cost.draft.allocate`) a bucket's row count and price for any step
+the steps that ran in it, outliers capped: :func:`~lookupspec.cost.step.capped_average`), and hands
+the draft budget (:func:`lookupspec.cost.draft.allocate`) a bucket's row count and price for any step
 size, so that the budget fills a bucket's free rows with the next-best draft nodes instead of
 leaving them as padding. An unmeasured bucket has no price yet; the budget then prices it by the
 linear step model at the bucket's full size.
@@ -19,6 +19,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 from typing import Protocol
+
+from .step import capped_average
 
 __all__ = ["BucketCosts"]
 
@@ -43,10 +45,7 @@ class BucketCosts:
         if seconds <= 0:
             return
         with self._lock:
-            old = self._seconds.get(bucket)
-            if old is not None:
-                seconds = self.memory * old + (1 - self.memory) * min(seconds, 3 * old)
-            self._seconds[bucket] = seconds
+            self._seconds[bucket] = capped_average(self._seconds.get(bucket), seconds, self.memory)
 
     def seconds(self, bucket: _Bucket) -> float | None:
         with self._lock:

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["StepCostModel", "step_features"]
+__all__ = ["StepCostModel", "capped_average", "step_features"]
 
 _N = 5
 
@@ -47,6 +47,14 @@ def step_features(rows: Sequence[int], contexts: Sequence[int]) -> np.ndarray:
     r = np.asarray(rows, dtype=np.float64)
     c = np.asarray(contexts, dtype=np.float64) / 1000.0
     return np.array([1.0, float(len(r)), float(r.sum()), float(c.sum()), float((r * c).sum())])
+
+
+def capped_average(old: float | None, sample: float, memory: float) -> float:
+    """An exponential average's next value: ``memory`` on the past, a sample over three times the
+    average capped there (another process slowed what was timed); the first sample as it is."""
+    if old is None:
+        return sample
+    return memory * old + (1 - memory) * min(sample, 3 * old)
 
 
 class StepCostModel:
@@ -90,12 +98,8 @@ class StepCostModel:
         A sample over three times the average (another process slowed the forward) is capped."""
         if tokens <= 0 or seconds <= 0:
             return
-        rate = seconds / tokens
         with self._lock:
-            old = self.chunk_row_s
-            if old is not None:
-                rate = self.memory * old + (1 - self.memory) * min(rate, 3 * old)
-            self.chunk_row_s = rate
+            self.chunk_row_s = capped_average(self.chunk_row_s, seconds / tokens, self.memory)
 
     def _solve(self) -> np.ndarray:
         """Least squares with every coefficient >= 0: drop negative ones and refit (5 unknowns)."""
