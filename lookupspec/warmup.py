@@ -163,12 +163,11 @@ def warm_up(engine: Engine, sizes: Sequence[int], batches: Sequence[int], contex
                     del logits
                     for slot in slots[:b]:
                         engine.runner.pool.truncate(slot, context)
-                engine.costs.steps.observe([r] * len(rows), [context] * len(rows), min(times[1:]))
-                choose = engine.runner.bucket_choice()
-                if choose is not None and engine.costs.buckets is not None:
-                    bucket = choose(b * r, b)
-                    if bucket is not None:
-                        engine.costs.buckets.observe(bucket, min(times[1:]))
+                seconds = min(times[1:])
+                engine.costs.steps.observe([r] * len(rows), [context] * len(rows), seconds)
+                buckets = engine.costs.buckets  # where the static step serves: its bucket's price too
+                if buckets is not None and (bucket := buckets.choose(b * r, b)) is not None:
+                    buckets.observe(bucket, seconds)
     finally:
         for slot in slots:
             engine.runner.free(slot)

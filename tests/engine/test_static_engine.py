@@ -202,8 +202,7 @@ def test_the_budget_prices_buckets_where_the_static_step_serves(tiny_models) -> 
     buckets = engine.costs.buckets
     assert buckets is not None and buckets.known() == 0
     engine.warmup(sizes=(1, 2, 4, 8, 16), batches=(1, 2), context=16)
-    seen = buckets.known()
-    assert seen >= 5 and buckets.lookup(9, 1)[1] is not None  # the 16-row bucket of one sequence
+    assert buckets.known() >= 5 and buckets.lookup(9, 1)[1] is not None  # the 16-row bucket of one sequence
     ran = []
     plan = engine.runner.plan
 
