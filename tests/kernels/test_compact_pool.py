@@ -70,3 +70,35 @@ def test_a_plan_refuses_a_pool_that_grew(gen):
     pool.ensure(slots[0], 200)  # reallocates: the table's addresses are stale
     with pytest.raises(RuntimeError, match="stale"):
         pool.compact_planned(plan, torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("round_", range(12))
+def test_the_twins_host_and_device_paths_move_the_same_entries(round_):
+    """The twin compacts CPU tensors from moves read on the host, and device tensors with gathers over
+    every slot: both leave every tensor of the pool the same, for random paths (chains that do not
+    move, trees that do, paths cut short) of a random subset of the slots."""
+    from lookupspec.kernels import reference
+
+    gen = torch.Generator().manual_seed(500 + round_)
+    m = int(torch.randint(1, 6, (1,), generator=gen))
+    pools = [_pool(torch.Generator().manual_seed(round_))[0] for _ in range(2)]
+    slots = [0, 2] if round_ % 2 else [1]
+    accepted, num = [], []
+    for _ in slots:
+        nodes = sorted(torch.randperm(m + 2, generator=gen)[:m].tolist())
+        count = int(torch.randint(0, m + 1, (1,), generator=gen))
+        accepted.append(nodes[:count] + [-1] * (m - count))
+        num.append(count)
+    base = torch.tensor([[int(torch.randint(5, 16, (1,), generator=gen))] * len(SPECS) for _ in slots])
+    tensors = [[t for g in p.groups for t in g.tensors] for p in pools]
+    groups = [gi for gi, g in enumerate(pools[0].groups) for _ in g.tensors]
+    base = base[:, :len(pools[0].groups)]
+    args = (torch.tensor(slots), base, torch.tensor(accepted), torch.tensor(num))
+    with torch.inference_mode():
+        reference._compact_pool_host(tensors[0], groups, *args)
+        reference._compact_pool_device(tensors[1], groups, *args)
+    for a, b in zip(*tensors, strict=True):
+        assert torch.equal(a, b)
+    if any(x != j for path, c in zip(accepted, num, strict=True) for j, x in enumerate(path[:c])):
+        fresh = [t for g in _pool(torch.Generator().manual_seed(round_))[0].groups for t in g.tensors]
+        assert any(not torch.equal(a, f) for a, f in zip(tensors[0], fresh, strict=True))  # something moved
