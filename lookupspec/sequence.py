@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lookupspec.constraints import TreeMasks
-from lookupspec.drafting.base import DraftSession
+from lookupspec.drafting.base import DraftSession, ProposedTree
 from lookupspec.drafting.draft_model import DraftModelDrafter
 from lookupspec.drafting.policy import Draft, DraftInputs
 from lookupspec.logits import LogitsProcessor, TokenLogprob
@@ -120,4 +120,12 @@ class SequenceState:
         return self.spec.max_draft_tokens if self.spec.enabled else 0
 
     def draft_inputs(self) -> DraftInputs:
-        return DraftInputs(self.session, self.draft_model, self.spec, self.sampling, self.context)
+        grammar = self.logits is not None and self.logits.grammar is not None
+        allowed = self._grammar_allows if grammar else None
+        return DraftInputs(self.session, self.draft_model, self.spec, self.sampling, self.context, allowed)
+
+    def _grammar_allows(self, tree: ProposedTree) -> Sequence[int]:
+        """The nodes of a proposed lookup tree that the output's grammar allows along their paths."""
+        assert self.logits is not None
+        masks = self.logits.prune([int(t) for t in tree.tokens], [int(p) for p in tree.parents])
+        return range(len(tree.tokens)) if masks is None else masks.kept

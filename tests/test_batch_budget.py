@@ -161,3 +161,62 @@ def test_a_tree_refused_whole_is_not_fed_back_as_rejected() -> None:
     assert seen == []
     policy.observe(Session(), Draft([5, 6], [-1, 0], ["context"] * 2, tree=Tree()), [0])
     assert seen == [(2, [0])]
+
+
+def test_nodes_a_grammar_forbids_take_no_place_in_the_budget() -> None:
+    """A sequence's ``allowed`` filter runs before the budget: the draft holds only allowed nodes
+    (renumbered, their order kept), a row cap counts allowed nodes, and the verified tree fed back
+    (for the calibration and the sources' statistics) is the allowed one, so a forbidden node is never
+    counted as rejected."""
+    from lookupspec.drafting.base import DraftTree
+    from lookupspec.drafting.policy import DraftInputs
+    from lookupspec.params import SpecParams
+    from lookupspec.sampling import SamplingParams
+
+    tree = DraftTree(np.array([10, 11, 12, 13, 14, 15], np.int32),
+                     np.array([-1, 0, -1, 2, 1, 3], np.int32), np.zeros(6, np.int8), np.ones(6, np.int32),
+                     np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4], np.float32),
+                     np.array([1, 2, 1, 2, 3, 3], np.int32), np.ones(6, np.float32), ("context",))
+    fed: list = []
+
+    class Session:
+        def propose(self, max_nodes, chain_only=False):
+            return tree.prefix(max_nodes)
+
+        def feedback(self, t, accepted):
+            fed.append((t.tokens.tolist(), list(accepted)))
+
+    def grammar(t):  # node 0 (token 10) is refused, and with it its subtree (nodes 1 and 4)
+        return [i for i in range(len(t.tokens)) if i in (2, 3, 5)]
+
+    def inputs(allowed):
+        return DraftInputs(Session(), None, SpecParams(max_draft_tokens=8), SamplingParams(), [1, 2, 3],
+                           allowed)
+
+    policy = DraftPolicy(BudgetPolicy(adaptive=False))
+    free, = policy.choose_batch([inputs(None)], [6], [100])
+    assert free.tokens == [10, 11, 12, 13, 14, 15]
+    held, = policy.choose_batch([inputs(grammar)], [6], [100])
+    assert (held.tokens, held.parents) == ([12, 13, 15], [-1, 0, 1])
+    capped, = policy.choose_batch([inputs(grammar)], [6], [100], max_rows=3)
+    assert capped.tokens == [12, 13]  # two allowed nodes, not the refused 10 and 11
+    policy.observe(Session(), held, [0, 1])
+    assert fed == [([12, 13, 15], [0, 1])]
+
+
+def test_a_selected_tree_keeps_its_order_and_refuses_orphans() -> None:
+    from lookupspec.drafting.base import DraftTree
+
+    tree = DraftTree(np.array([5, 6, 7, 8], np.int32), np.array([-1, 0, 0, 2], np.int32),
+                     np.arange(4, dtype=np.int8), np.array([1, 2, 3, 4], np.int32),
+                     np.array([0.9, 0.8, 0.7, 0.6], np.float32), np.array([1, 2, 2, 3], np.int32),
+                     np.array([0.1, 0.2, 0.3, 0.4], np.float32), ("a", "b", "c", "d"))
+    sub = tree.select([0, 2, 3])
+    assert sub.tokens.tolist() == [5, 7, 8] and sub.parents.tolist() == [-1, 0, 1]
+    assert sub.source.tolist() == [0, 2, 3] and sub.match_len.tolist() == [1, 3, 4]
+    assert sub.score.tolist() == pytest.approx([0.9, 0.7, 0.6]) and sub.depth.tolist() == [1, 2, 3]
+    assert sub.predicted.tolist() == pytest.approx([0.1, 0.3, 0.4]) and sub.parents.dtype == np.int32
+    with pytest.raises(ValueError, match="parents are kept"):
+        tree.select([0, 1, 3])  # node 3's parent (2) is not kept
+    with pytest.raises(ValueError, match="ascending"):
+        tree.select([2, 0])

@@ -91,6 +91,13 @@ class DraftTree:
         return DraftTree(self.tokens[:k], self.parents[:k], self.source[:k], self.match_len[:k],
                          self.score[:k], self.depth[:k], self.predicted[:k], self.source_names)
 
+    def select(self, keep: Sequence[int] | np.ndarray) -> DraftTree:
+        """The nodes ``keep`` (ascending indices; every kept node's parent is kept too), renumbered.
+        The order, and so the score order, stays: every prefix is still a tree."""
+        tokens, parents, source, score, match_len, depth, predicted = _select(
+            self, keep, self.match_len, self.depth, self.predicted)
+        return DraftTree(tokens, parents, source, match_len, score, depth, predicted, self.source_names)
+
     def sources(self) -> list[str]:
         return [self.source_names[int(s)] for s in self.source]
 
@@ -112,6 +119,22 @@ class DraftTree:
         return cls(i32, i32, np.empty(0, np.int8), i32, f32, i32, f32, tuple(source_names))
 
 
+def _select(tree: ProposedTree, keep: Sequence[int] | np.ndarray,
+            *extra: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``tree.select``'s arrays: tokens, parents (renumbered), source, score, then each of ``extra``, at
+    the kept nodes. Example: parents [-1, 0, 0, 2], keep [0, 2, 3] -> parents [-1, 0, 1]."""
+    idx = np.asarray(keep, np.int64).reshape(-1)
+    where = np.full(len(tree.tokens) + 1, -2, np.int64)  # where[old + 1] = new; where[0]: the root
+    where[0] = -1
+    where[idx + 1] = np.arange(idx.size)
+    parents = where[np.asarray(tree.parents, np.int64)[idx] + 1]
+    if (parents < -1).any() or (idx.size and (np.diff(idx) <= 0).any()):
+        raise ValueError("select takes ascending node indices whose parents are kept")
+    arrays = (tree.tokens, tree.source, tree.score, *extra)
+    tokens, source, score, *rest = (a[idx] for a in arrays)
+    return (tokens, parents.astype(np.asarray(tree.parents).dtype), source, score, *rest)
+
+
 class ProposedTree(Protocol):
     """What a drafting session proposes each step (``DraftTree`` is the implementation): nodes
     ordered by ``score`` so that ``prefix(k)`` is a tree for every ``k``."""
@@ -128,6 +151,8 @@ class ProposedTree(Protocol):
     def source_names(self) -> tuple[str, ...]: ...
 
     def prefix(self, k: int) -> ProposedTree: ...
+
+    def select(self, keep: Sequence[int] | np.ndarray) -> ProposedTree: ...  # DraftTree.select
 
 
 class DraftSession(Protocol):

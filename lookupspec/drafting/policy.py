@@ -7,7 +7,10 @@ against observed acceptance, the draft model's gate and exploration). Each step 
 sequence's lookup tree (or draft-model chain) into one :class:`Draft`:
 
 1. Each sequence proposes its candidates: the score-ordered nodes of its lookup tree, or a draft-model
-   chain when that promises a better rate for it (or a periodic probe of a closed gate is due).
+   chain when that promises a better rate for it (or a periodic probe of a closed gate is due). A
+   sequence whose output follows a grammar keeps only the nodes the grammar allows along their paths
+   (:attr:`DraftInputs.allowed`), before the budget: a forbidden node could never be accepted, so it
+   takes no row of the budget and, never verified, is not counted as rejected by the calibration.
 2. The batch keeps the draft nodes whose expected tokens pay for the time they add to the *whole*
    step. A node of sequence ``i`` with calibrated path score ``s`` adds ``s`` expected tokens and
    ``c_i = t_row + t_att * ctx_i`` seconds (its row through the model and its attention over its own
@@ -35,7 +38,7 @@ without touching it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +64,9 @@ class DraftInputs:
     spec: SpecParams
     sampling: SamplingParams
     context: Sequence[int]  # prompt + emitted tokens
+    # the nodes of a proposed lookup tree the sequence could accept at all (its output's grammar),
+    # as indices; None: every node. Applied before the budget, which then spends rows on them only.
+    allowed: Callable[[ProposedTree], Sequence[int]] | None = None
 
 
 @dataclass
@@ -125,6 +131,10 @@ class DraftPolicy:
         for i, (seq, room) in enumerate(zip(seqs, rooms, strict=True)):
             if seq.session is not None and room > 0:
                 tree = seq.session.propose(room, chain_only=not seq.spec.tree)
+                if seq.allowed is not None and len(tree.tokens):
+                    keep = seq.allowed(tree)
+                    if len(keep) < len(tree.tokens):
+                        tree = tree.select(keep)
                 trees[i] = tree
                 scores[i] = self.calibration.apply(np.asarray(tree.score, dtype=np.float64))[:room]
         costs = [self.costs.steps.node_cost(c, shared) for c in contexts] if known else [0.0] * b

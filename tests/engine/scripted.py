@@ -19,6 +19,12 @@ class Tree:
     def prefix(self, k: int) -> Tree:
         return Tree(self.tokens[:k], self.parents[:k], self.source[:k], self.score[:k], self.source_names)
 
+    def select(self, keep) -> Tree:
+        from lookupspec.drafting.base import _select
+
+        tokens, parents, source, score = _select(self, keep)
+        return Tree(tokens, parents, source, score, self.source_names)
+
 
 class ScriptedSession:
     def __init__(self, truth: list[int], context: list[int], shape: str, vocab: int) -> None:
